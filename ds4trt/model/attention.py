@@ -1,0 +1,174 @@
+"""Attention half of a layer: q low-rank, one shared K=V row, tail RoPE, sinks, raw sliding window +
+compressed rows (+ indexer top-k on ratio-4 layers), inverse RoPE, grouped output (spec §3.4-§3.7).
+
+Dimension names: T new tokens, H heads, d head width, D model width, R compress ratio,
+W window, Kc compressed cache capacity, di indexer head width.
+All index arithmetic uses tensors of fixed shape so the step exports to ONNX unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ds4trt.model.config import ModelConfig
+from ds4trt.model.numerics import fp8_kv_row, hadamard_matrix, indexer_qat, rms_norm, round_f16
+from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
+from ds4trt.model.state import NEG, LayerCache, LayerRows
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.to(torch.float32), requires_grad=False)
+
+
+class Compressor(nn.Module):
+    """One compressor lane: pools each block of R tokens into one row (softmax over tokens, per dim).
+
+    Ratio 4 overlaps: row c pools block c-1 (first half of the projection) and block c (second half).
+    """
+
+    def __init__(self, cfg: ModelConfig, ratio: int, width: int, kv: torch.Tensor, gate: torch.Tensor,
+                 ape: torch.Tensor, norm: torch.Tensor, post):
+        super().__init__()
+        self.cfg, self.ratio, self.width = cfg, ratio, width
+        self.coff = 2 if ratio == 4 else 1
+        self.kv, self.gate, self.ape, self.norm = _param(kv), _param(gate), _param(ape), _param(norm)
+        self.freq = inv_freq(cfg, compressed=True)
+        self.post = post  # rounding applied to each emitted row (FP8 / Hadamard+FP4 / identity)
+
+    def project(self, u: torch.Tensor, pos: torch.Tensor):
+        """u: [T, D], pos: [T] -> kv, score: [T, coff*width]"""
+        return u @ self.kv.T, u @ self.gate.T + self.ape[pos % self.ratio]
+
+    def emit(self, kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
+             start: torch.Tensor) -> torch.Tensor:
+        """Rows emitted by each new token: [T, width] (zero where (p+1) % R != 0).
+
+        kv, score: [T, Wc] new projections; state_kv, state_score: [coff*R, Wc] committed ones.
+        """
+        R, coff, c = self.ratio, self.coff, self.width
+        T = kv.shape[0]
+        n_blocks = coff + (T + R - 1) // R
+        base = (start // R) * R - (coff - 1) * R
+        q = base + torch.arange(n_blocks * R)                      # positions covered, block aligned
+        slot = torch.remainder(q, coff * R)
+        new_i = torch.clamp(q - start, 0, T - 1)
+        is_new = (q >= start) & (q < start + T)
+        is_old = (q < start) & (q >= 0)
+        ext_kv = torch.where(is_new[:, None], kv[new_i], torch.where(is_old[:, None], state_kv[slot], 0.0))
+        ext_sc = torch.where(is_new[:, None], score[new_i], torch.where(is_old[:, None], state_score[slot], NEG))
+        bkv = ext_kv.reshape(n_blocks, R, coff * c)
+        bsc = ext_sc.reshape(n_blocks, R, coff * c)
+        if coff == 2:   # candidates of block j: block j-1's first half + block j's second half
+            bkv = torch.cat([bkv[:-1, :, :c], bkv[1:, :, c:]], dim=1)
+            bsc = torch.cat([bsc[:-1, :, :c], bsc[1:, :, c:]], dim=1)
+        pooled = (torch.softmax(bsc, dim=1) * bkv).sum(dim=1)      # [n_candidates, c]
+        first = base + (coff - 1) * R                              # first position of candidate 0
+        pos = start + torch.arange(T)
+        row_start = pos + 1 - R                                    # block start of the row token t emits
+        emits = torch.remainder(pos + 1, R) == 0
+        idx = torch.clamp(torch.div(row_start - first, R, rounding_mode="floor"), 0, pooled.shape[0] - 1)
+        rows = rms_norm(pooled[idx], self.norm, self.cfg.rms_eps)
+        cos, sin = rope_cos_sin(self.freq, row_start)
+        rows = self.post(apply_rope_tail(rows, cos, sin))
+        return torch.where(emits[:, None], rows, 0.0)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, w, numerics: str, prefix: str):
+        """`w(name)` returns a float32 tensor for a GGUF tensor name; `prefix` is 'blk.N.' or 'mtp.0.'."""
+        super().__init__()
+        self.cfg, self.ratio = cfg, cfg.ratio(layer) if prefix.startswith("blk.") else 0
+        self.ds4 = numerics == "ds4"
+        g = lambda s: _param(w(prefix + s))  # noqa: E731
+        self.norm, self.q_a, self.q_a_norm, self.q_b = g("attn_norm.weight"), g("attn_q_a.weight"), \
+            g("attn_q_a_norm.weight"), g("attn_q_b.weight")
+        self.kv, self.kv_norm, self.sinks = g("attn_kv.weight"), g("attn_kv_a_norm.weight"), g("attn_sinks.weight")
+        self.out_a, self.out_b = g("attn_output_a.weight"), g("attn_output_b.weight")
+        self.freq = inv_freq(cfg, compressed=self.ratio != 0)
+        keep = lambda x: x  # noqa: E731
+        fp8 = (lambda x: fp8_kv_row(x, cfg.n_nope)) if self.ds4 else keep
+        if self.ratio:
+            self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, w(prefix + "attn_compressor_kv.weight"),
+                                         w(prefix + "attn_compressor_gate.weight"),
+                                         w(prefix + "attn_compressor_ape.weight"),
+                                         w(prefix + "attn_compressor_norm.weight"), fp8)
+        if self.ratio == 4:
+            self.register_buffer("hadamard", hadamard_matrix(cfg.index_head_dim), persistent=False)
+            qat = (lambda x: indexer_qat(x, self.hadamard)) if self.ds4 else keep
+            self.qat = qat
+            self.index_q_b, self.index_proj = g("indexer.attn_q_b.weight"), g("indexer.proj.weight")
+            self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, w(prefix + "indexer_compressor_kv.weight"),
+                                               w(prefix + "indexer_compressor_gate.weight"),
+                                               w(prefix + "indexer_compressor_ape.weight"),
+                                               w(prefix + "indexer_compressor_norm.weight"), qat)
+        self.fp8 = fp8
+
+    def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
+        """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
+        returns a: [T, D] attention output, LayerRows proposed for the caches."""
+        cfg = self.cfg
+        T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
+        pos = start + torch.arange(T)                               # [T]
+        u = rms_norm(y, self.norm, cfg.rms_eps)
+        qn = rms_norm(u @ self.q_a.T, self.q_a_norm, cfg.rms_eps)   # [T, Lq]
+        q = rms_norm((qn @ self.q_b.T).reshape(T, H, d), None, cfg.rms_eps)
+        kv = rms_norm(u @ self.kv.T, self.kv_norm, cfg.rms_eps)     # [T, d]
+        cos, sin = rope_cos_sin(self.freq, pos)
+        q = apply_rope_tail(q, cos[:, None], sin[:, None])
+        kv = apply_rope_tail(kv, cos, sin)
+        if self.ds4:
+            kv = round_f16(self.fp8(kv))
+        rows = LayerRows(raw=kv)
+
+        # raw window keys: the W-1 committed positions before `start`, then the T new rows
+        prev_pos = start - (W - 1) + torch.arange(W - 1)
+        raw_keys = torch.cat([cache.raw[torch.remainder(prev_pos, cache.raw.shape[0])], kv], dim=0)
+        key_pos = torch.cat([prev_pos, pos])
+        keys = [raw_keys]
+        masks = [(key_pos[None, :] >= 0) & (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] - W)]
+
+        if self.ratio:
+            R = self.ratio
+            rows.comp_kv, rows.comp_score = self.compressor.project(u, pos)
+            rows.comp = self.compressor.emit(rows.comp_kv, rows.comp_score, cache.comp_kv, cache.comp_score, start)
+            n_old = torch.div(start, R, rounding_mode="floor")
+            emits = torch.remainder(pos + 1, R) == 0
+            old_vis = (torch.arange(cache.comp.shape[0]) < n_old)[None, :].expand(T, -1)   # [T, Kc]
+            new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
+            comp_vis = torch.cat([old_vis, new_vis], dim=1)
+            if self.ratio == 4:
+                rows.index_kv, rows.index_score = self.index_compressor.project(u, pos)
+                rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
+                                                        cache.index_score, start)
+                comp_vis = comp_vis & self._indexer_select(u, qn, pos, cache.index, rows.index, comp_vis)
+            keys.append(torch.cat([cache.comp, rows.comp], dim=0))
+            masks.append(comp_vis)
+
+        k = torch.cat(keys, dim=0)                                  # [K, d]: K = W-1+T (+ Kc+T)
+        mask = torch.cat(masks, dim=1)                              # [T, K]
+        logits = torch.einsum("thd,kd->thk", q, k) / d ** 0.5
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+        sink = self.sinks[None, :, None].expand(T, H, 1)
+        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        o = torch.einsum("thk,kd->thd", p, k)                       # V = K
+        o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
+        G = cfg.o_groups
+        low = torch.einsum("tgi,goi->tgo", o.reshape(T, G, H * d // G), self.out_a.reshape(G, -1, H * d // G))
+        return low.reshape(T, -1) @ self.out_b.T, rows
+
+    def _indexer_select(self, u, qn, pos, old_index, new_index, visible) -> torch.Tensor:
+        """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score
+        (all visible rows when at most top-k are visible). Ties keep the lower row index."""
+        cfg = self.cfg
+        T, nh, di = u.shape[0], cfg.index_n_head, cfg.index_head_dim
+        qi = (qn @ self.index_q_b.T).reshape(T, nh, di)
+        cos, sin = rope_cos_sin(self.freq, pos)
+        qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
+        wi = (u @ self.index_proj.T) / (di * nh) ** 0.5              # [T, nh]
+        keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
+        score = torch.einsum("th,thk->tk", wi, torch.relu(torch.einsum("thd,kd->thk", qi, keys)))
+        score = score.masked_fill(~visible, float("-inf"))
+        k = min(cfg.index_top_k, keys.shape[0])
+        top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
+        return torch.zeros_like(visible).scatter(1, top, True)

@@ -1,0 +1,46 @@
+"""Hyper-connections: the residual stream is S parallel copies (spec §3.2, §3.3, §3.8).
+
+Shapes: T tokens, S streams, D width. X: [T, S, D].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ds4trt.model.numerics import rms_norm
+
+
+def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+           rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """Reduce S streams to one sublayer input.
+
+    X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]
+    returns y [T, D], post [T, S], comb [T, S, S] (comb[t, a, b]: source stream a -> destination b)
+    """
+    T, S, D = X.shape
+    n = rms_norm(X.reshape(T, S * D), None, rms_eps)
+    m = n @ fn.T                                                    # [T, (2+S)*S]
+    pre = torch.sigmoid(m[:, :S] * scale[0] + base[:S]) + hc_eps
+    post = 2 * torch.sigmoid(m[:, S:2 * S] * scale[1] + base[S:2 * S])
+    logits = (m[:, 2 * S:] * scale[2] + base[2 * S:]).reshape(T, S, S)
+    comb = torch.softmax(logits, dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    y = (pre[:, :, None] * X).sum(dim=1)
+    return y, post, comb
+
+
+def hc_post(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """X'[b] = post[b] * f + sum_a comb[a, b] * X[a].   f: [T, D], X: [T, S, D] -> [T, S, D]"""
+    return post[:, :, None] * f[:, None, :] + torch.einsum("tab,tad->tbd", comb, X)
+
+
+def hc_collapse(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                rms_eps: float, hc_eps: float) -> torch.Tensor:
+    """The output head's stream collapse: sigmoid weights, no Sinkhorn.  X: [T, S, D] -> [T, D]"""
+    T, S, D = X.shape
+    n = rms_norm(X.reshape(T, S * D), None, rms_eps)
+    w = torch.sigmoid((n @ fn.T) * scale[0] + base) + hc_eps      # [T, S]
+    return (w[:, :, None] * X).sum(dim=1)

@@ -1,0 +1,51 @@
+"""Mixture of experts: sqrt-softplus router, hash or biased top-k selection, clamped SwiGLU experts,
+one shared expert (spec §3.4 FFN half)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+WEIGHT_SUM_FLOOR = 6.103515625e-5
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, clamp: float) -> torch.Tensor:
+    """silu(min(gate, clamp)) * clamp(up, -clamp, clamp): the clamp is asymmetric on purpose."""
+    return F.silu(torch.clamp(gate, max=clamp)) * torch.clamp(up, -clamp, clamp)
+
+
+def route(v: torch.Tensor, gate_inp: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
+          tokens: torch.Tensor, k: int, scale: float):
+    """Pick k experts per token and their weights.
+
+    v: [T, D]; gate_inp: [E, D]; bias: [E] or None; tid2eid: [V, k] or None (hash layer); tokens: [T]
+    returns ids [T, k] int64, weights [T, k]
+    """
+    probs = torch.sqrt(F.softplus(v @ gate_inp.T))                  # [T, E]
+    if tid2eid is not None:
+        ids = tid2eid[tokens].long()
+    else:
+        sel = probs if bias is None else probs + bias
+        ids = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :k]  # ties: lower id first
+    w = probs.gather(1, ids)
+    w = scale * w / torch.clamp(w.sum(-1, keepdim=True), min=WEIGHT_SUM_FLOOR)
+    return ids, w
+
+
+def routed_experts(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                   down: torch.Tensor, clamp: float) -> torch.Tensor:
+    """Sum over the selected experts of weight * down(swiglu(gate v, up v)).
+
+    v: [T, D]; ids, weights: [T, k]; gate, up: [E, F, D]; down: [E, D, F]  ->  [T, D]
+    """
+    out = torch.zeros_like(v)
+    for e in torch.unique(ids).tolist():
+        t, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = swiglu(v[t] @ gate[e].T, v[t] @ up[e].T, clamp) * weights[t, slot, None]
+        out.index_add_(0, t, h @ down[e].T)
+    return out
+
+
+def shared_expert(v: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, clamp: float):
+    """v: [T, D]; gate, up: [F, D]; down: [D, F] -> [T, D]"""
+    return swiglu(v @ gate.T, v @ up.T, clamp) @ down.T

@@ -1,0 +1,114 @@
+"""The DeepSeek V4 target model as one pure step function (spec §3.9):
+
+    step(tokens [T], start, caches) -> final HC states [T, S, D], proposed cache rows per layer
+    head(hc [T, S, D]) -> logits [T, V]
+
+One step serves prefill chunks (T = chunk), decode (T = 1) and speculative verify (T = drafts + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ds4trt.model.attention import Attention, _param
+from ds4trt.model.config import ModelConfig
+from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
+from ds4trt.model.moe import route, routed_experts, shared_expert
+from ds4trt.model.numerics import rms_norm
+from ds4trt.model.state import LayerCache, LayerRows
+from ds4trt.gguf_io import names as N
+
+NUMERICS = ("ds4", "float")
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig, w, prefix: str, hash_routed: bool, has):
+        super().__init__()
+        self.cfg = cfg
+        g = lambda s: _param(w(prefix + s))  # noqa: E731
+        self.norm, self.gate_inp = g("ffn_norm.weight"), g("ffn_gate_inp.weight")
+        self.bias = g("exp_probs_b.bias") if has(prefix + "exp_probs_b.bias") else None
+        self.tid2eid = w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None
+        self.gate, self.up, self.down = g("ffn_gate_exps.weight"), g("ffn_up_exps.weight"), g("ffn_down_exps.weight")
+        self.sh_gate, self.sh_up, self.sh_down = g("ffn_gate_shexp.weight"), g("ffn_up_shexp.weight"), \
+            g("ffn_down_shexp.weight")
+
+    def forward(self, y: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """y: [T, D], tokens: [T] -> [T, D]"""
+        cfg = self.cfg
+        v = rms_norm(y, self.norm, cfg.rms_eps)
+        ids, weights = route(v, self.gate_inp, self.bias, self.tid2eid, tokens, cfg.n_expert_used,
+                             cfg.expert_weight_scale)
+        moe = routed_experts(v, ids, weights, self.gate, self.up, self.down, cfg.swiglu_clamp)
+        return moe + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp)
+
+
+class HyperConnection(nn.Module):
+    def __init__(self, cfg: ModelConfig, w, prefix: str):
+        super().__init__()
+        self.cfg = cfg
+        self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
+            _param(w(prefix + "_base.weight"))
+
+    def pre(self, X):
+        c = self.cfg
+        return hc_pre(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters)
+
+
+class Block(nn.Module):
+    """One transformer layer: HC-pre -> attention -> HC-post, HC-pre -> MoE -> HC-post."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, w, has, numerics: str, prefix: str, hash_routed: bool):
+        super().__init__()
+        self.hc_attn = HyperConnection(cfg, w, prefix + "hc_attn")
+        self.attn = Attention(cfg, layer, w, numerics, prefix)
+        self.hc_ffn = HyperConnection(cfg, w, prefix + "hc_ffn")
+        self.ffn = FeedForward(cfg, w, prefix, hash_routed, has)
+
+    def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache):
+        """X: [T, S, D] -> [T, S, D], LayerRows"""
+        y, post, comb = self.hc_attn.pre(X)
+        a, rows = self.attn(y, start, cache)
+        X = hc_post(a, X, post, comb)
+        y, post, comb = self.hc_ffn.pre(X)
+        return hc_post(self.ffn(y, tokens), X, post, comb), rows
+
+
+@dataclass
+class StepOutput:
+    hc: torch.Tensor               # [T, S, D] final HC state of every new token (the MTP head's input)
+    rows: list[LayerRows]          # per layer, the cache rows this step proposes
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, weights, numerics: str = "ds4"):
+        """`weights` has get(name) -> float32 tensor and has(name) (model/weights.py)."""
+        super().__init__()
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        self.cfg, self.numerics = cfg, numerics
+        w, has = weights.get, weights.has
+        self.embed = _param(w(N.TOKEN_EMBD))                           # [V, D]
+        self.blocks = nn.ModuleList(
+            Block(cfg, l, w, has, numerics, f"blk.{l}.", cfg.is_hash(l)) for l in range(cfg.n_layer))
+        self.head_fn, self.head_scale, self.head_base = _param(w(N.OUTPUT_HC_FN)), _param(w(N.OUTPUT_HC_SCALE)), \
+            _param(w(N.OUTPUT_HC_BASE))
+        self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), _param(w(N.OUTPUT))
+
+    def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
+        """tokens: [T] int64 at positions start..start+T-1; caches: read only."""
+        X = self.embed[tokens][:, None, :].expand(-1, self.cfg.n_hc, -1)   # same embedding in every stream
+        rows = []
+        for block, cache in zip(self.blocks, caches):
+            X, r = block(X, tokens, start, cache)
+            rows.append(r)
+        return StepOutput(hc=X, rows=rows)
+
+    def head(self, hc: torch.Tensor) -> torch.Tensor:
+        """hc: [T, S, D] -> logits [T, V]"""
+        c = self.cfg
+        z = hc_collapse(hc, self.head_fn, self.head_scale, self.head_base, c.rms_eps, c.hc_eps)
+        return rms_norm(z, self.out_norm, c.rms_eps) @ self.output.T
