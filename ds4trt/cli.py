@@ -1,0 +1,210 @@
+"""Command lines: argument parsing and printing only; the work is in runtime/ (and export/ for builds).
+
+ds4-run: stdout carries only the generated text, streamed; statistics and notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ds4trt.errors import Ds4Error
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds4-run", description="Run DeepSeek V4 Flash (ds4 GGUF files).")
+    p.add_argument("--gguf", help="target model GGUF (default: the bundled demo model in models/)")
+    p.add_argument("--mtp", help="MTP head GGUF for speculative decoding")
+    p.add_argument("-p", "--prompt", help="prompt; without it, an interactive multi-turn chat on stdin")
+    p.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (default 256)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    think = p.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", help="thinking mode (<think>)")
+    think.add_argument("--nothink", dest="think", action="store_false", help="no thinking (default)")
+    p.add_argument("--system", default="", help="system prompt")
+    p.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as plain text")
+    p.add_argument("--numerics", choices=("ds4", "float"), default="ds4",
+                   help="ds4: FP8 KV and FP4 indexer rounding as ds4 does (default); float: none")
+    p.add_argument("--info", action="store_true", help="print the model summary and exit")
+    p.add_argument("--glm-mtp", action="store_true", help="MTP speculative decoding (forces greedy decoding)")
+    p.add_argument("--mtp-draft", type=int, default=2, help="tokens drafted per step, 1..8 (default 2)")
+    p.add_argument("--mtp-margin", type=float, default=3.0,
+                   help="stop drafting when the drafter's top-1 minus top-2 logit gap is below this (default 3)")
+    return p
+
+
+def _default_model(name: str) -> Path:
+    path = DEFAULT_MODEL_DIR / name
+    if not path.exists():
+        raise Ds4Error(f"no --gguf given and the bundled model {path} is missing")
+    return path
+
+
+def _info(path: str) -> None:
+    from ds4trt.gguf_io.names import TYPE_NAMES
+    from ds4trt.model.weights import load_target
+    from ds4trt.tokenizer import Tokenizer
+
+    gguf_file, cfg, weights = load_target(path)
+    types: dict[str, int] = {}
+    for t in gguf_file.tensors.values():
+        name = TYPE_NAMES.get(t.ggml_type, str(t.ggml_type))
+        types[name] = types.get(name, 0) + t.nbytes
+    tok = Tokenizer.from_gguf(gguf_file)
+    print(f"file         {path} ({gguf_file.file_size / 1e9:.2f} GB, GGUF v{gguf_file.version}, "
+          f"{len(gguf_file.tensors)} tensors)")
+    print(cfg.summary())
+    print("tensor data  " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sorted(types.items(), key=lambda kv: -kv[1])))
+    print(f"tokenizer    {tok.n_vocab} tokens, BOS={tok.bos_id} EOS={tok.eos_id}")
+
+
+class _Sampler:
+    def __init__(self, temp: float, top_k: int, top_p: float, seed: int):
+        self.temp, self.top_k, self.top_p = temp, top_k, top_p
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.temp <= 0:
+            return int(torch.argmax(logits))
+        z = logits.double() / self.temp
+        if self.top_k > 0:
+            kth = torch.topk(z, min(self.top_k, z.numel())).values[-1]
+            z = z.masked_fill(z < kth, float("-inf"))
+        probs = torch.softmax(z, -1)
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            drop = torch.cumsum(sorted_p, 0) - sorted_p >= self.top_p
+            probs[order[drop]] = 0
+            probs /= probs.sum()
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+def _generate(session, args, sampler, use_mtp: bool, out) -> tuple[int, float]:
+    """Generate up to -n tokens after the session's logits, streaming text to `out`. Returns (count, seconds)."""
+    tok = session.engine.tokenizer
+    eos = tok.eos_id
+    stream = tok.stream()
+    log = (lambda line: print(line, file=sys.stderr)) if os.environ.get("DS4_MTP_CONF_LOG") == "1" else None
+    n, t0 = 0, time.perf_counter()
+    nxt = sampler(session.logits)
+    while n < args.n_predict:
+        room = min(args.n_predict - n, session.ctx - session.pos)
+        if room <= 0:
+            print("\nds4-run: context full", file=sys.stderr)
+            break
+        if use_mtp:
+            new = session.eval_speculative_argmax(nxt, room, eos, args.mtp_draft, args.mtp_margin, log=log)
+        else:
+            session.eval(nxt)
+            new = [nxt]
+        n += len(new)
+        for t in new:
+            if t != eos:
+                out.write(stream.push(t))
+        out.flush()
+        if new[-1] == eos:
+            break
+        nxt = sampler(session.logits)
+    out.write(stream.flush())
+    out.flush()
+    return n, time.perf_counter() - t0
+
+
+def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, use_mtp: bool) -> None:
+    rate = lambda n, t: f"{n / t:.1f}" if t > 0 else "-"  # noqa: E731
+    print(f"\nprompt: {n_prompt} tokens, prefill: {rate(n_prompt, t_prefill)} t/s, "
+          f"generation: {rate(n_gen, t_gen)} t/s ({n_gen} tokens)", file=sys.stderr)
+    if use_mtp:
+        print(session.stats.report(), file=sys.stderr)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = _run_parser().parse_args(argv)
+    from ds4trt.chat import Conversation, render_single
+    from ds4trt.runtime.session import Engine
+
+    if not 1 <= args.mtp_draft <= 8:
+        raise Ds4Error(f"--mtp-draft must be in 1..8, got {args.mtp_draft}")
+    if args.ctx < 1 or args.n_predict < 0:
+        raise Ds4Error("--ctx must be >= 1 and -n >= 0")
+    gguf = args.gguf or str(_default_model("demo.gguf"))
+    if args.info:
+        _info(gguf)
+        return 0
+    mtp = args.mtp
+    if args.glm_mtp:
+        args.temp = 0.0
+        if mtp is None:
+            mtp = str(_default_model("demo-mtp.gguf")) if args.gguf is None else None
+        if mtp is None:
+            raise Ds4Error("--glm-mtp needs an MTP GGUF: pass --mtp FILE")
+    use_mtp = mtp is not None and args.mtp_draft >= 1
+    if use_mtp and args.temp > 0:
+        print("ds4-run: MTP speculative decoding needs greedy decoding (--temp 0); decoding normally",
+              file=sys.stderr)
+        use_mtp = False
+    engine = Engine.open(gguf, mtp if use_mtp else None, numerics=args.numerics)
+    tok = engine.tokenizer
+    session = engine.session(args.ctx)
+    sampler = _Sampler(args.temp, args.top_k, args.top_p, args.seed)
+    out = sys.stdout
+
+    if args.prompt is not None:
+        ids = tok.encode(args.prompt) if args.raw else render_single(tok, args.prompt, args.system, args.think)
+        t0 = time.perf_counter()
+        session.prefill(ids)
+        t_prefill = time.perf_counter() - t0
+        n, t = _generate(session, args, sampler, use_mtp, out)
+        out.write("\n")
+        _stats(len(ids), t_prefill, n, t, session, use_mtp)
+        return 0
+
+    # interactive multi-turn chat: re-render the conversation, keep the common prefix of the cache
+    conv = Conversation()
+    if args.system:
+        conv.append("system", args.system)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        conv.append("user", line.rstrip("\n"))
+        ids = conv.render(tok, think=args.think)
+        common = 0
+        while common < min(len(ids), session.pos) and ids[common] == session.tokens[common]:
+            common += 1
+        session.rewind(min(common, len(ids) - 1))
+        t0 = time.perf_counter()
+        session.prefill(ids[session.pos:])
+        t_prefill = time.perf_counter() - t0
+        start = session.pos
+        n, t = _generate(session, args, sampler, use_mtp, out)
+        out.write("\n")
+        _stats(len(ids), t_prefill, n, t, session, use_mtp)
+        reply = [t for t in session.tokens[start:] if t != tok.eos_id]
+        conv.append("assistant", tok.decode(reply))
+
+
+def run_main() -> None:
+    try:
+        sys.exit(run())
+    except Ds4Error as e:
+        print(f"ds4-run: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,128 @@
+"""Engine (model + tokenizer, opened from GGUF files) and Session (one conversation's caches).
+
+    engine = Engine.open("model.gguf", mtp_path="mtp.gguf")
+    s = engine.session(ctx=4096)
+    logits = s.prefill(ids)                 # [V]
+    tok = s.argmax()
+    logits = s.eval(tok)                    # one-token decode
+    s.rewind(10)                            # back to 10 committed tokens
+    got = s.eval_speculative_argmax(tok, max_tokens=64, eos=engine.tokenizer.eos_id)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ds4trt.errors import Ds4Error
+from ds4trt.model.mtp import MTPHead
+from ds4trt.model.transformer import Transformer
+from ds4trt.model.weights import load_mtp, load_target
+from ds4trt.runtime import speculative
+from ds4trt.runtime.cache import CacheState
+from ds4trt.tokenizer import Tokenizer
+
+PREFILL_CHUNK = 256
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, mtp: MTPHead | None = None,
+                 source: str = ""):
+        self.model, self.tokenizer, self.mtp, self.source = model, tokenizer, mtp, source
+        self.cfg = model.cfg
+
+    @classmethod
+    def open(cls, gguf_path: str | Path, mtp_path: str | Path | None = None, numerics: str = "ds4",
+             dtype: torch.dtype = torch.float32) -> "Engine":
+        gguf_file, cfg, weights = load_target(gguf_path)
+        tokenizer = Tokenizer.from_gguf(gguf_file)
+        model = Transformer(cfg, weights, numerics).to(dtype)
+        mtp = None
+        if mtp_path is not None:
+            _, mtp_weights = load_mtp(mtp_path, cfg)
+            mtp = MTPHead(model, mtp_weights).to(dtype)
+        return cls(model, tokenizer, mtp, str(gguf_path))
+
+    def session(self, ctx: int = 4096) -> "Session":
+        return Session(self, ctx)
+
+
+class Session:
+    """Committed tokens and the caches that hold exactly them; the target logits after the last one."""
+
+    def __init__(self, engine: Engine, ctx: int):
+        self.engine, self.ctx = engine, ctx
+        self.model = engine.model
+        self.dtype = next(self.model.parameters()).dtype
+        self.cache = CacheState(engine.cfg, ctx, dtype=self.dtype)
+        self.tokens: list[int] = []
+        self.logits: torch.Tensor | None = None      # [V] after the last committed token
+        self.drafter = speculative.MTPDrafter(engine.mtp, ctx, self.dtype) if engine.mtp else None
+        self.stats = speculative.SpecStats()
+
+    @property
+    def pos(self) -> int:
+        return self.cache.pos
+
+    # ---- the target model: propose, then commit ----
+    def target_step(self, tokens: list[int], all_logits: bool = True):
+        """Run the target on `tokens` after the committed ones. Nothing is written.
+        returns logits [T, V] (or [1, V] for the last row only), final HC [T, S, D], proposed rows"""
+        if self.pos + len(tokens) > self.ctx:
+            raise Ds4Error(f"context full: {self.pos} + {len(tokens)} tokens exceed --ctx {self.ctx}")
+        with torch.no_grad():
+            out = self.model.step(torch.tensor(tokens, dtype=torch.int64), self.cache.start(), self.cache.layers)
+            logits = self.model.head(out.hc if all_logits else out.hc[-1:])
+        return logits, out.hc, out.rows
+
+    def commit(self, tokens: list[int], hc: torch.Tensor, rows, logits_row: torch.Tensor, n: int) -> None:
+        """Keep the first n of `tokens` (their rows are `rows`); `logits_row` [V] follows token n-1."""
+        self.cache.commit(rows, n)
+        self.tokens.extend(tokens[:n])
+        self.logits = logits_row
+        if self.drafter is not None:
+            self.drafter.observe(hc[:n])
+
+    # ---- public API ----
+    def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+        """Commit `tokens` in chunks; returns the logits after the last one [V]."""
+        if self.pos + len(tokens) > self.ctx:
+            raise Ds4Error(f"prompt of {len(tokens)} tokens does not fit in --ctx {self.ctx}"
+                           + (f" after {self.pos} tokens" if self.pos else ""))
+        for i in range(0, len(tokens), chunk):
+            part = tokens[i:i + chunk]
+            logits, hc, rows = self.target_step(part, all_logits=False)
+            self.commit(part, hc, rows, logits[-1], len(part))
+            if self.drafter is not None:
+                self.drafter.catch_up(self.tokens)   # feed the drafter every pair whose next token is known
+        return self.logits
+
+    def eval(self, token: int) -> torch.Tensor:
+        """Decode one token; returns the logits after it [V]."""
+        logits, hc, rows = self.target_step([token])
+        self.commit([token], hc, rows, logits[0], 1)
+        return self.logits
+
+    def argmax(self) -> int:
+        return int(torch.argmax(self.logits))
+
+    def rewind(self, pos: int) -> None:
+        """Go back to `pos` committed tokens (replays the kept prefix: compressor state is not positional
+        far back, so recomputing is the exact way)."""
+        if not 0 <= pos <= self.pos:
+            raise Ds4Error(f"cannot rewind to position {pos}: the session holds {self.pos} tokens")
+        kept = self.tokens[:pos]
+        self.cache = CacheState(self.engine.cfg, self.ctx, dtype=self.dtype)
+        self.tokens, self.logits = [], None
+        if self.drafter is not None:
+            self.drafter.reset()
+        if kept:
+            self.prefill(kept)
+
+    def eval_speculative_argmax(self, first_token: int, max_tokens: int, eos: int | None,
+                                n_draft: int = 2, margin: float = 3.0, drafter=None, log=None) -> list[int]:
+        """One draft -> verify -> commit cycle (runtime/speculative.py). Returns the committed tokens,
+        first_token first; afterwards argmax(self.logits) is the next token."""
+        return speculative.speculative_step(self, drafter or self.drafter, first_token, max_tokens, eos,
+                                            n_draft, margin, log)

@@ -1,0 +1,131 @@
+"""Greedy MTP speculative decoding: draft -> verify -> accept -> commit, in `speculative_step`.
+
+From the committed state (n tokens in every cache, `first_token` = the target's next greedy token):
+  1. draft   the MTP head proposes up to N tokens, stopping early when its top-1 minus top-2 logit gap
+             falls below the margin (the drafter's own confidence; ds4's --mtp-margin);
+  2. verify  ONE batched target pass over [first_token, d_1, ..., d_k] at positions n..n+k;
+  3. accept  the longest prefix with d_i == target argmax after d_{i-1} (argmax after first_token for d_1);
+  4. commit  first_token and the accepted drafts to every cache; the other rows are never written.
+The target's argmax after the last kept token (the correction at the first mismatch, or the bonus token
+after a full accept) is the next call's first_token. The output is therefore exactly plain greedy
+decoding of the target, whatever the drafter proposes.
+
+The MTP drafter's own ring only ever receives rows built from committed target states (pairs
+(h_i, x_{i+1}), model/mtp.py); recursive drafts run on a scratch copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ds4trt.model.mtp import MTPHead
+from ds4trt.runtime.cache import CacheState
+
+
+@dataclass
+class SpecStats:
+    passes: int = 0                                     # target passes made by speculative steps
+    tokens: int = 0                                     # tokens they committed
+    drafted: list[int] = field(default_factory=list)    # [k]: cycles that drafted a (k+1)-th token
+    accepted: list[int] = field(default_factory=list)   # [k]: cycles whose (k+1)-th draft was accepted
+
+    def record(self, n_drafted: int, n_accepted: int, n_kept: int) -> None:
+        self.passes += 1
+        self.tokens += n_kept
+        while len(self.drafted) < n_drafted:
+            self.drafted.append(0)
+            self.accepted.append(0)
+        for k in range(n_drafted):
+            self.drafted[k] += 1
+            self.accepted[k] += k < n_accepted
+
+    def report(self) -> str:
+        if not self.passes:
+            return "mtp: no speculative steps"
+        rates = " ".join(f"d{k + 1}={a / d:.0%}({a}/{d})" for k, (a, d) in enumerate(zip(self.accepted, self.drafted)))
+        return (f"mtp: {self.tokens} tokens in {self.passes} target passes "
+                f"({self.tokens / self.passes:.2f} tokens/pass); acceptance {rates or '(nothing drafted)'}")
+
+
+class MTPDrafter:
+    """Drafts with the MTP head. Keeps the target HC states it has not consumed yet."""
+
+    def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype):
+        self.mtp, self.ctx, self.dtype = mtp, ctx, dtype
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = CacheState(self.mtp.cfg, self.ctx, ratios=[0], dtype=self.dtype)
+        self.pending_hc = None                          # [U, S, D]: h_i for i = cache.pos .. cache.pos+U-1
+
+    def observe(self, hc: torch.Tensor) -> None:
+        """hc: [n, S, D] final target states of newly committed tokens."""
+        self.pending_hc = hc if self.pending_hc is None else torch.cat([self.pending_hc, hc])
+
+    @torch.no_grad()
+    def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
+        """Run (and commit) the head on every pending pair (h_i, tokens[i+1]); returns the head's
+        output HC state of the last pair [1, S, D], or None if no pair was ready."""
+        i0 = self.cache.pos
+        n = 0 if self.pending_hc is None else min(len(self.pending_hc), len(tokens) - 1 - i0)
+        if n <= 0:
+            return None
+        nxt = torch.tensor(tokens[i0 + 1:i0 + 1 + n], dtype=torch.int64)
+        out = self.mtp.step(nxt, self.pending_hc[:n], self.cache.start(), self.cache.layers)
+        self.cache.commit(out.rows, n)
+        self.pending_hc = self.pending_hc[n:]
+        return out.hc[-1:]
+
+    @torch.no_grad()
+    def draft(self, tokens: list[int], first_token: int, n: int, margin: float, eos: int | None):
+        """Up to n drafts for the tokens after `first_token`: [(token, top1 - top2 logit gap)]."""
+        hc = self.catch_up(tokens + [first_token])
+        if hc is None or self.cache.pos != len(tokens):
+            return []
+        drafts, scratch = [], None
+        while True:
+            top = torch.topk(self.mtp.head(hc)[0], 2)
+            tok, gap = int(top.indices[0]), float(top.values[0] - top.values[1])
+            if gap < margin:
+                break
+            drafts.append((tok, gap))
+            if len(drafts) == n or tok == eos:
+                break
+            if scratch is None:
+                scratch = self.cache.clone()
+            out = self.mtp.step(torch.tensor([tok]), hc, scratch.start(), scratch.layers)
+            scratch.commit(out.rows, 1)
+            hc = out.hc
+        return drafts
+
+
+def speculative_step(session, drafter, first_token: int, max_tokens: int, eos: int | None, n_draft: int,
+                     margin: float, log=None) -> list[int]:
+    """One cycle; returns the committed tokens (first_token first). session: runtime/session.py."""
+    room = min(n_draft, max_tokens - 1, session.ctx - session.pos - 1)
+    drafts = []
+    if drafter is not None and room > 0 and first_token != eos:
+        drafts = drafter.draft(session.tokens, first_token, room, margin, eos)
+
+    # verify: one batched target pass over the pending token and every draft
+    seq = [first_token] + [t for t, _ in drafts]
+    logits, hc, rows = session.target_step(seq)                     # logits: [1+k, V]
+    target_next = logits.argmax(-1).tolist()
+
+    # accept the longest prefix of drafts that match the target's own greedy choice
+    n_ok = 0
+    while n_ok < len(drafts) and drafts[n_ok][0] == target_next[n_ok]:
+        n_ok += 1
+    keep = 1 + n_ok
+    if eos is not None and eos in seq[:keep]:
+        keep = seq.index(eos) + 1
+
+    # commit the kept rows; the rest are dropped
+    session.commit(seq, hc, rows, logits[keep - 1], keep)
+    session.stats.record(len(drafts), n_ok, keep)
+    if log is not None:
+        log(f"mtp pos={session.pos - keep} drafted={[t for t, _ in drafts]} "
+            f"margins={[round(g, 2) for _, g in drafts]} target={target_next} accepted={n_ok}")
+    return seq[:keep]
