@@ -47,6 +47,12 @@ class MTPHead(nn.Module):
         X, rows = self.block(e[:, None, :] + hh, tokens, start, caches[0])
         return StepOutput(hc=X, rows=[rows])
 
+    def forward(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
+                last_only: bool = False):
+        """step + head: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
+        out = self.step(tokens, h, start, caches)
+        return self.head(out.hc[-1:] if last_only else out.hc), out.hc, out.rows
+
     def head(self, hc: torch.Tensor) -> torch.Tensor:
         """hc: [T, S, D] -> logits [T, V] through the MTP's HC head and norm and the target's LM head."""
         c, target = self.cfg, self.target[0]

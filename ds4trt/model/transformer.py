@@ -107,6 +107,12 @@ class Transformer(nn.Module):
             rows.append(r)
         return StepOutput(hc=X, rows=rows)
 
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False):
+        """The step and the head: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows. Every backend
+        (PyTorch, ONNX Runtime, TensorRT) offers this same call; the session uses nothing else."""
+        out = self.step(tokens, start, caches)
+        return self.head(out.hc[-1:] if last_only else out.hc), out.hc, out.rows
+
     def head(self, hc: torch.Tensor) -> torch.Tensor:
         """hc: [T, S, D] -> logits [T, V]"""
         c = self.cfg

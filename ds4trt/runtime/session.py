@@ -28,8 +28,10 @@ PREFILL_CHUNK = 256
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer | None, mtp: MTPHead | None = None,
-                 source: str = ""):
-        self.model, self.tokenizer, self.mtp, self.source = model, tokenizer, mtp, source
+                 source: str = "", dtype: torch.dtype = torch.float32):
+        """`model` and `mtp` are any backend's callables with the signatures of Transformer.forward and
+        MTPHead.forward (PyTorch modules here; ONNX Runtime / TensorRT graph runners elsewhere)."""
+        self.model, self.tokenizer, self.mtp, self.source, self.dtype = model, tokenizer, mtp, source, dtype
         self.cfg = model.cfg
 
     @classmethod
@@ -42,7 +44,7 @@ class Engine:
         if mtp_path is not None:
             _, mtp_weights = load_mtp(mtp_path, cfg)
             mtp = MTPHead(model, mtp_weights).to(dtype)
-        return cls(model, tokenizer, mtp, str(gguf_path))
+        return cls(model, tokenizer, mtp, str(gguf_path), dtype)
 
     def session(self, ctx: int = 4096) -> "Session":
         return Session(self, ctx)
@@ -54,7 +56,7 @@ class Session:
     def __init__(self, engine: Engine, ctx: int):
         self.engine, self.ctx = engine, ctx
         self.model = engine.model
-        self.dtype = next(self.model.parameters()).dtype
+        self.dtype = engine.dtype
         self.cache = CacheState(engine.cfg, ctx, dtype=self.dtype)
         self.tokens: list[int] = []
         self.logits: torch.Tensor | None = None      # [V] after the last committed token
@@ -72,9 +74,8 @@ class Session:
         if self.pos + len(tokens) > self.ctx:
             raise Ds4Error(f"context full: {self.pos} + {len(tokens)} tokens exceed --ctx {self.ctx}")
         with torch.no_grad():
-            out = self.model.step(torch.tensor(tokens, dtype=torch.int64), self.cache.start(), self.cache.layers)
-            logits = self.model.head(out.hc if all_logits else out.hc[-1:])
-        return logits, out.hc, out.rows
+            return self.model(torch.tensor(tokens, dtype=torch.int64), self.cache.start(), self.cache.layers,
+                              last_only=not all_logits)
 
     def commit(self, tokens: list[int], hc: torch.Tensor, rows, logits_row: torch.Tensor, n: int) -> None:
         """Keep the first n of `tokens` (their rows are `rows`); `logits_row` [V] follows token n-1."""

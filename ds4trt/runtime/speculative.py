@@ -66,27 +66,28 @@ class MTPDrafter:
 
     @torch.no_grad()
     def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
-        """Run (and commit) the head on every pending pair (h_i, tokens[i+1]); returns the head's
-        output HC state of the last pair [1, S, D], or None if no pair was ready."""
+        """Run (and commit) the head on every pending pair (h_i, tokens[i+1]); returns the logits [V] and
+        output HC state [1, S, D] of the last pair, or None if no pair was ready."""
         i0 = self.cache.pos
         n = 0 if self.pending_hc is None else min(len(self.pending_hc), len(tokens) - 1 - i0)
         if n <= 0:
             return None
         nxt = torch.tensor(tokens[i0 + 1:i0 + 1 + n], dtype=torch.int64)
-        out = self.mtp.step(nxt, self.pending_hc[:n], self.cache.start(), self.cache.layers)
-        self.cache.commit(out.rows, n)
+        logits, hc, rows = self.mtp(nxt, self.pending_hc[:n], self.cache.start(), self.cache.layers, last_only=True)
+        self.cache.commit(rows, n)
         self.pending_hc = self.pending_hc[n:]
-        return out.hc[-1:]
+        return logits[0], hc[-1:]
 
     @torch.no_grad()
     def draft(self, tokens: list[int], first_token: int, n: int, margin: float, eos: int | None):
         """Up to n drafts for the tokens after `first_token`: [(token, top1 - top2 logit gap)]."""
-        hc = self.catch_up(tokens + [first_token])
-        if hc is None or self.cache.pos != len(tokens):
+        ready = self.catch_up(tokens + [first_token])
+        if ready is None or self.cache.pos != len(tokens):
             return []
+        logits, hc = ready
         drafts, scratch = [], None
         while True:
-            top = torch.topk(self.mtp.head(hc)[0], 2)
+            top = torch.topk(logits, 2)
             tok, gap = int(top.indices[0]), float(top.values[0] - top.values[1])
             if gap < margin:
                 break
@@ -95,9 +96,9 @@ class MTPDrafter:
                 break
             if scratch is None:
                 scratch = self.cache.clone()
-            out = self.mtp.step(torch.tensor([tok]), hc, scratch.start(), scratch.layers)
-            scratch.commit(out.rows, 1)
-            hc = out.hc
+            logits, hc, rows = self.mtp(torch.tensor([tok]), hc, scratch.start(), scratch.layers)
+            scratch.commit(rows, 1)
+            logits = logits[0]
         return drafts
 
 
