@@ -4,6 +4,7 @@ one shared expert (spec §3.4 FFN half)."""
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 WEIGHT_SUM_FLOOR = 6.103515625e-5
@@ -32,18 +33,33 @@ def route(v: torch.Tensor, gate_inp: torch.Tensor, bias: torch.Tensor | None, ti
     return ids, w
 
 
-def routed_experts(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                   down: torch.Tensor, clamp: float) -> torch.Tensor:
-    """Sum over the selected experts of weight * down(swiglu(gate v, up v)).
+class RoutedExperts(nn.Module):
+    """Sum over the selected experts of weight * down(swiglu(gate v, up v)), from float weights.
 
-    v: [T, D]; ids, weights: [T, k]; gate, up: [E, F, D]; down: [E, D, F]  ->  [T, D]
+    This module is the unit a backend swaps for its own implementation of the same contract (the
+    `ds4::MoE` op reading GGUF blocks, plugins/moe.py).
+    gate, up: [E, F, D]; down: [E, D, F]
     """
-    out = torch.zeros_like(v)
-    for e in torch.unique(ids).tolist():
-        t, slot = torch.nonzero(ids == e, as_tuple=True)
-        h = swiglu(v[t] @ gate[e].T, v[t] @ up[e].T, clamp) * weights[t, slot, None]
-        out.index_add_(0, t, h @ down[e].T)
-    return out
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, clamp: float):
+        super().__init__()
+        self.gate, self.up, self.down = (nn.Parameter(t.float(), requires_grad=False) for t in (gate, up, down))
+        self.clamp = clamp
+
+    @classmethod
+    def from_weights(cls, weights, prefix: str, clamp: float) -> "RoutedExperts":
+        """The default factory: dequantize a layer's three expert tensors ('blk.N.' / 'mtp.0.' prefix)."""
+        g = lambda s: weights.get(prefix + s)  # noqa: E731
+        return cls(g("ffn_gate_exps.weight"), g("ffn_up_exps.weight"), g("ffn_down_exps.weight"), clamp)
+
+    def forward(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
+        out = torch.zeros_like(v)
+        for e in torch.unique(ids).tolist():
+            t, slot = torch.nonzero(ids == e, as_tuple=True)
+            h = swiglu(v[t] @ self.gate[e].T, v[t] @ self.up[e].T, self.clamp) * weights[t, slot, None]
+            out.index_add_(0, t, h @ self.down[e].T)
+        return out
 
 
 def shared_expert(v: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, clamp: float):

@@ -20,13 +20,14 @@ import torch.nn as nn
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import _param
 from ds4trt.model.hc import hc_collapse
+from ds4trt.model.moe import RoutedExperts
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache
 from ds4trt.model.transformer import Block, StepOutput, Transformer
 
 
 class MTPHead(nn.Module):
-    def __init__(self, target: Transformer, weights):
+    def __init__(self, target: Transformer, weights, experts=RoutedExperts.from_weights):
         """`weights`: the MTP GGUF's tensors (get/has); the token embedding and LM head are the target's."""
         super().__init__()
         cfg = target.cfg
@@ -37,7 +38,7 @@ class MTPHead(nn.Module):
         self.enorm, self.hnorm, self.norm = g("enorm.weight"), g("hnorm.weight"), g("norm.weight")
         self.head_fn, self.head_scale, self.head_base = g("hc_head_fn.weight"), g("hc_head_scale.weight"), \
             g("hc_head_base.weight")
-        self.block = Block(cfg, 0, w, weights.has, target.numerics, N.MTP_PREFIX, hash_routed=False)
+        self.block = Block(cfg, 0, weights, target.numerics, N.MTP_PREFIX, hash_routed=False, experts=experts)
 
     def step(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
         """tokens: [T] (x_{i+1}); h: [T, S, D] (h_i); rows at positions start..start+T-1 -> hc [T, S, D]"""

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ds4trt.model.attention import Attention, _param
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
-from ds4trt.model.moe import route, routed_experts, shared_expert
+from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache, LayerRows
 from ds4trt.gguf_io import names as N
@@ -25,14 +25,15 @@ NUMERICS = ("ds4", "float")
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig, w, prefix: str, hash_routed: bool, has):
+    def __init__(self, cfg: ModelConfig, weights, prefix: str, hash_routed: bool, experts):
         super().__init__()
         self.cfg = cfg
+        w = weights.get
         g = lambda s: _param(w(prefix + s))  # noqa: E731
         self.norm, self.gate_inp = g("ffn_norm.weight"), g("ffn_gate_inp.weight")
-        self.bias = g("exp_probs_b.bias") if has(prefix + "exp_probs_b.bias") else None
+        self.bias = g("exp_probs_b.bias") if weights.has(prefix + "exp_probs_b.bias") else None
         self.tid2eid = w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None
-        self.gate, self.up, self.down = g("ffn_gate_exps.weight"), g("ffn_up_exps.weight"), g("ffn_down_exps.weight")
+        self.experts = experts(weights, prefix, cfg.swiglu_clamp)
         self.sh_gate, self.sh_up, self.sh_down = g("ffn_gate_shexp.weight"), g("ffn_up_shexp.weight"), \
             g("ffn_down_shexp.weight")
 
@@ -42,8 +43,7 @@ class FeedForward(nn.Module):
         v = rms_norm(y, self.norm, cfg.rms_eps)
         ids, weights = route(v, self.gate_inp, self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                              cfg.expert_weight_scale)
-        moe = routed_experts(v, ids, weights, self.gate, self.up, self.down, cfg.swiglu_clamp)
-        return moe + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp)
+        return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp)
 
 
 class HyperConnection(nn.Module):
@@ -61,12 +61,14 @@ class HyperConnection(nn.Module):
 class Block(nn.Module):
     """One transformer layer: HC-pre -> attention -> HC-post, HC-pre -> MoE -> HC-post."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, w, has, numerics: str, prefix: str, hash_routed: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, weights, numerics: str, prefix: str, hash_routed: bool,
+                 experts=RoutedExperts.from_weights):
         super().__init__()
+        w = weights.get
         self.hc_attn = HyperConnection(cfg, w, prefix + "hc_attn")
         self.attn = Attention(cfg, layer, w, numerics, prefix)
         self.hc_ffn = HyperConnection(cfg, w, prefix + "hc_ffn")
-        self.ffn = FeedForward(cfg, w, prefix, hash_routed, has)
+        self.ffn = FeedForward(cfg, weights, prefix, hash_routed, experts)
 
     def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """X: [T, S, D] -> [T, S, D], LayerRows"""
@@ -84,16 +86,17 @@ class StepOutput:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights, numerics: str = "ds4"):
-        """`weights` has get(name) -> float32 tensor and has(name) (model/weights.py)."""
+    def __init__(self, cfg: ModelConfig, weights, numerics: str = "ds4", experts=RoutedExperts.from_weights):
+        """`weights` has get(name) -> float32 tensor and has(name) (model/weights.py). `experts(weights,
+        prefix, clamp)` builds each layer's routed-expert module (a backend may keep GGUF blocks)."""
         super().__init__()
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         self.cfg, self.numerics = cfg, numerics
-        w, has = weights.get, weights.has
+        w = weights.get
         self.embed = _param(w(N.TOKEN_EMBD))                           # [V, D]
         self.blocks = nn.ModuleList(
-            Block(cfg, l, w, has, numerics, f"blk.{l}.", cfg.is_hash(l)) for l in range(cfg.n_layer))
+            Block(cfg, l, weights, numerics, f"blk.{l}.", cfg.is_hash(l), experts) for l in range(cfg.n_layer))
         self.head_fn, self.head_scale, self.head_base = _param(w(N.OUTPUT_HC_FN)), _param(w(N.OUTPUT_HC_SCALE)), \
             _param(w(N.OUTPUT_HC_BASE))
         self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), _param(w(N.OUTPUT))
