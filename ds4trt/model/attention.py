@@ -50,7 +50,7 @@ class Compressor(nn.Module):
         T = kv.shape[0]
         n_blocks = coff + (T + R - 1) // R
         base = (start // R) * R - (coff - 1) * R
-        q = base + torch.arange(n_blocks * R)                      # positions covered, block aligned
+        q = base + torch.arange(n_blocks * R, device=kv.device)                      # positions covered, block aligned
         slot = torch.remainder(q, coff * R)
         new_i = torch.clamp(q - start, 0, T - 1)
         is_new = (q >= start) & (q < start + T)
@@ -64,7 +64,7 @@ class Compressor(nn.Module):
             bsc = torch.cat([bsc[:-1, :, :c], bsc[1:, :, c:]], dim=1)
         pooled = (torch.softmax(bsc, dim=1) * bkv).sum(dim=1)      # [n_candidates, c]
         first = base + (coff - 1) * R                              # first position of candidate 0
-        pos = start + torch.arange(T)
+        pos = start + torch.arange(T, device=kv.device)
         row_start = pos + 1 - R                                    # block start of the row token t emits
         emits = torch.remainder(pos + 1, R) == 0
         idx = torch.clamp(torch.div(row_start - first, R, rounding_mode="floor"), 0, pooled.shape[0] - 1)
@@ -109,7 +109,7 @@ class Attention(nn.Module):
         returns a: [T, D] attention output, LayerRows proposed for the caches."""
         cfg = self.cfg
         T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
-        pos = start + torch.arange(T)                               # [T]
+        pos = start + torch.arange(T, device=y.device)              # [T]
         u = rms_norm(y, self.norm, cfg.rms_eps)
         qn = rms_norm(u @ self.q_a.T, self.q_a_norm, cfg.rms_eps)   # [T, Lq]
         q = rms_norm((qn @ self.q_b.T).reshape(T, H, d), None, cfg.rms_eps)
@@ -122,7 +122,7 @@ class Attention(nn.Module):
         rows = LayerRows(raw=kv)
 
         # raw window keys: the W-1 committed positions before `start`, then the T new rows
-        prev_pos = start - (W - 1) + torch.arange(W - 1)
+        prev_pos = start - (W - 1) + torch.arange(W - 1, device=y.device)
         raw_keys = torch.cat([cache.raw[torch.remainder(prev_pos, cache.raw.shape[0])], kv], dim=0)
         key_pos = torch.cat([prev_pos, pos])
         keys = [raw_keys]
@@ -134,7 +134,7 @@ class Attention(nn.Module):
             rows.comp = self.compressor.emit(rows.comp_kv, rows.comp_score, cache.comp_kv, cache.comp_score, start)
             n_old = torch.div(start, R, rounding_mode="floor")
             emits = torch.remainder(pos + 1, R) == 0
-            old_vis = (torch.arange(cache.comp.shape[0]) < n_old)[None, :].expand(T, -1)   # [T, Kc]
+            old_vis = (torch.arange(cache.comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)   # [T, Kc]
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
             if self.ratio == 4:

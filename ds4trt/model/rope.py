@@ -35,7 +35,7 @@ def inv_freq(cfg: ModelConfig, compressed: bool) -> torch.Tensor:
 
 def rope_cos_sin(freq: torch.Tensor, pos: torch.Tensor):
     """cos, sin of the angles pos * freq: [*pos.shape, n_rot/2], computed in float64."""
-    ang = pos.to(torch.float64)[..., None] * freq
+    ang = pos.to(torch.float64)[..., None] * freq.to(pos.device)
     return torch.cos(ang), torch.sin(ang)
 
 

@@ -32,7 +32,8 @@ class FeedForward(nn.Module):
         g = lambda s: _param(w(prefix + s))  # noqa: E731
         self.norm, self.gate_inp = g("ffn_norm.weight"), g("ffn_gate_inp.weight")
         self.bias = g("exp_probs_b.bias") if weights.has(prefix + "exp_probs_b.bias") else None
-        self.tid2eid = w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None
+        self.register_buffer("tid2eid", w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None,
+                             persistent=False)                                       # [V, k]
         self.experts = experts(weights, prefix, cfg.swiglu_clamp)
         self.sh_gate, self.sh_up, self.sh_down = g("ffn_gate_shexp.weight"), g("ffn_up_shexp.weight"), \
             g("ffn_down_shexp.weight")

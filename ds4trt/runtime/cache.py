@@ -40,7 +40,7 @@ class CacheState:
             self.layers.append(c)
 
     def start(self) -> torch.Tensor:
-        return torch.tensor(self.pos, dtype=torch.int64)
+        return torch.tensor(self.pos, dtype=torch.int64, device=self.layers[0].raw.device)
 
     def commit(self, rows: list[LayerRows], n: int) -> None:
         """Write the first n proposed rows (positions pos..pos+n-1) of every layer; advance pos by n."""
@@ -48,7 +48,7 @@ class CacheState:
             return
         if self.pos + n > self.ctx:
             raise ValueError(f"commit of {n} tokens at position {self.pos} exceeds the context size {self.ctx}")
-        pos = torch.arange(self.pos, self.pos + n)
+        pos = torch.arange(self.pos, self.pos + n, device=self.layers[0].raw.device)
         for cache, r, ratio in zip(self.layers, rows, self.ratios):
             cache.raw[pos % cache.raw.shape[0]] = r.raw[:n]      # later positions win on slot reuse
             if ratio:

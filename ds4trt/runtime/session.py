@@ -28,23 +28,24 @@ PREFILL_CHUNK = 256
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer | None, mtp: MTPHead | None = None,
-                 source: str = "", dtype: torch.dtype = torch.float32):
+                 source: str = "", dtype: torch.dtype = torch.float32, device: str = "cpu"):
         """`model` and `mtp` are any backend's callables with the signatures of Transformer.forward and
         MTPHead.forward (PyTorch modules here; ONNX Runtime / TensorRT graph runners elsewhere)."""
-        self.model, self.tokenizer, self.mtp, self.source, self.dtype = model, tokenizer, mtp, source, dtype
+        self.model, self.tokenizer, self.mtp, self.source = model, tokenizer, mtp, source
+        self.dtype, self.device = dtype, torch.device(device)
         self.cfg = model.cfg
 
     @classmethod
     def open(cls, gguf_path: str | Path, mtp_path: str | Path | None = None, numerics: str = "ds4",
-             dtype: torch.dtype = torch.float32) -> "Engine":
+             dtype: torch.dtype = torch.float32, device: str = "cpu") -> "Engine":
         gguf_file, cfg, weights = load_target(gguf_path)
         tokenizer = Tokenizer.from_gguf(gguf_file)
-        model = Transformer(cfg, weights, numerics).to(dtype)
+        model = Transformer(cfg, weights, numerics).to(device=device, dtype=dtype)
         mtp = None
         if mtp_path is not None:
             _, mtp_weights = load_mtp(mtp_path, cfg)
-            mtp = MTPHead(model, mtp_weights).to(dtype)
-        return cls(model, tokenizer, mtp, str(gguf_path), dtype)
+            mtp = MTPHead(model, mtp_weights).to(device=device, dtype=dtype)
+        return cls(model, tokenizer, mtp, str(gguf_path), dtype, device)
 
     def session(self, ctx: int = 4096) -> "Session":
         return Session(self, ctx)
@@ -56,11 +57,11 @@ class Session:
     def __init__(self, engine: Engine, ctx: int):
         self.engine, self.ctx = engine, ctx
         self.model = engine.model
-        self.dtype = engine.dtype
-        self.cache = CacheState(engine.cfg, ctx, dtype=self.dtype)
+        self.dtype, self.device = engine.dtype, engine.device
+        self.cache = CacheState(engine.cfg, ctx, dtype=self.dtype, device=self.device)
         self.tokens: list[int] = []
         self.logits: torch.Tensor | None = None      # [V] after the last committed token
-        self.drafter = speculative.MTPDrafter(engine.mtp, ctx, self.dtype) if engine.mtp else None
+        self.drafter = speculative.MTPDrafter(engine.mtp, ctx, self.dtype, self.device) if engine.mtp else None
         self.stats = speculative.SpecStats()
 
     @property
@@ -74,7 +75,8 @@ class Session:
         if self.pos + len(tokens) > self.ctx:
             raise Ds4Error(f"context full: {self.pos} + {len(tokens)} tokens exceed --ctx {self.ctx}")
         with torch.no_grad():
-            return self.model(torch.tensor(tokens, dtype=torch.int64), self.cache.start(), self.cache.layers,
+            return self.model(torch.tensor(tokens, dtype=torch.int64, device=self.device), self.cache.start(),
+                              self.cache.layers,
                               last_only=not all_logits)
 
     def commit(self, tokens: list[int], hc: torch.Tensor, rows, logits_row: torch.Tensor, n: int) -> None:
@@ -114,7 +116,7 @@ class Session:
         if not 0 <= pos <= self.pos:
             raise Ds4Error(f"cannot rewind to position {pos}: the session holds {self.pos} tokens")
         kept = self.tokens[:pos]
-        self.cache = CacheState(self.engine.cfg, self.ctx, dtype=self.dtype)
+        self.cache = CacheState(self.engine.cfg, self.ctx, dtype=self.dtype, device=self.device)
         self.tokens, self.logits = [], None
         if self.drafter is not None:
             self.drafter.reset()

@@ -52,12 +52,12 @@ class SpecStats:
 class MTPDrafter:
     """Drafts with the MTP head. Keeps the target HC states it has not consumed yet."""
 
-    def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype):
-        self.mtp, self.ctx, self.dtype = mtp, ctx, dtype
+    def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype, device: torch.device = torch.device("cpu")):
+        self.mtp, self.ctx, self.dtype, self.device = mtp, ctx, dtype, device
         self.reset()
 
     def reset(self) -> None:
-        self.cache = CacheState(self.mtp.cfg, self.ctx, ratios=[0], dtype=self.dtype)
+        self.cache = CacheState(self.mtp.cfg, self.ctx, ratios=[0], dtype=self.dtype, device=self.device)
         self.pending_hc = None                          # [U, S, D]: h_i for i = cache.pos .. cache.pos+U-1
 
     def observe(self, hc: torch.Tensor) -> None:
@@ -72,7 +72,7 @@ class MTPDrafter:
         n = 0 if self.pending_hc is None else min(len(self.pending_hc), len(tokens) - 1 - i0)
         if n <= 0:
             return None
-        nxt = torch.tensor(tokens[i0 + 1:i0 + 1 + n], dtype=torch.int64)
+        nxt = torch.tensor(tokens[i0 + 1:i0 + 1 + n], dtype=torch.int64, device=self.device)
         logits, hc, rows = self.mtp(nxt, self.pending_hc[:n], self.cache.start(), self.cache.layers, last_only=True)
         self.cache.commit(rows, n)
         self.pending_hc = self.pending_hc[n:]
@@ -96,7 +96,7 @@ class MTPDrafter:
                 break
             if scratch is None:
                 scratch = self.cache.clone()
-            logits, hc, rows = self.mtp(torch.tensor([tok]), hc, scratch.start(), scratch.layers)
+            logits, hc, rows = self.mtp(torch.tensor([tok], device=self.device), hc, scratch.start(), scratch.layers)
             scratch.commit(rows, 1)
             logits = logits[0]
         return drafts
