@@ -171,4 +171,5 @@ class Attention(nn.Module):
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
         top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
-        return torch.zeros_like(visible).scatter(1, top, True)
+        # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's ScatterElements has no BOOL
+        return torch.zeros_like(score).scatter(1, top, 1.0) > 0
