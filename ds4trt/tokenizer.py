@@ -15,7 +15,9 @@ BOS is never added automatically.
 from __future__ import annotations
 
 import codecs
+import json
 import re
+from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -133,6 +135,29 @@ class Tokenizer:
         path = str(getattr(gguf_file, "path", "<gguf>"))
         return cls(_string_array(gguf_file.metadata, N.KEY_TOKENS, path),
                    _string_array(gguf_file.metadata, N.KEY_MERGES, path), path)
+
+    def save(self, path) -> None:
+        """Write a Hugging Face tokenizer.json (byte-level BPE, this pre-tokenizer, the special strings as added
+        tokens); `from_file` reads it back. Needs distinct token strings (a JSON vocab maps string -> id)."""
+        if len(self._vocab) != self.n_vocab:
+            raise Ds4Error(f"{self.source}: {N.KEY_TOKENS} has duplicate strings; tokenizer.json cannot hold them")
+        self._chat.save(str(path))
+
+    @classmethod
+    def from_file(cls, path) -> "Tokenizer":
+        """Read a tokenizer.json written by `save` (model.vocab: string -> id for ids 0..n-1; model.merges)."""
+        try:
+            model = json.loads(Path(path).read_text(encoding="utf-8"))["model"]
+            vocab, merges = model["vocab"], model["merges"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise Ds4Error(f"{path}: expected a tokenizer.json with model.vocab and model.merges ({e})") from e
+        tokens = [None] * len(vocab)
+        for text, i in vocab.items():
+            if not (isinstance(i, int) and 0 <= i < len(tokens)) or tokens[i] is not None:
+                raise Ds4Error(f"{path}: model.vocab: expected ids 0..{len(tokens) - 1} once each, got {i} for {text!r}")
+            tokens[i] = text
+        merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+        return cls(tokens, merges, str(path))
 
     # --- ids ---
 
