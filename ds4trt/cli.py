@@ -21,6 +21,8 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
 def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds4-run", description="Run DeepSeek V4 Flash (ds4 GGUF files).")
     p.add_argument("--gguf", help="target model GGUF (default: the bundled demo model in models/)")
+    p.add_argument("--engines", metavar="DIR",
+                   help="run an engine directory written by ds4-build (ONNX Runtime) instead of --gguf")
     p.add_argument("--mtp", help="MTP head GGUF for speculative decoding")
     p.add_argument("-p", "--prompt", help="prompt; without it, an interactive multi-turn chat on stdin")
     p.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (default 256)")
@@ -129,22 +131,47 @@ def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, u
         print(session.stats.report(), file=sys.stderr)
 
 
+def _open_engine(args, gguf, mtp):
+    """The Engine: from GGUF files, or with --engines from an engine directory written by ds4-build (ONNX
+    Runtime; the session's context is the one the directory was built for)."""
+    from ds4trt.runtime.session import Engine
+
+    if not args.engines:
+        return Engine.open(gguf, mtp, numerics=args.numerics)
+    from ds4trt.runtime.backends.onnxruntime import open_engine
+
+    engine = open_engine(args.engines)
+    if mtp is None:
+        engine.mtp = None
+    elif engine.mtp is None:
+        raise Ds4Error(f"{args.engines}: no MTP graph for --glm-mtp (build it with ds4-build --mtp FILE)")
+    built = engine.model.ctx
+    if args.ctx is not None and args.ctx > built:
+        raise Ds4Error(f"--ctx {args.ctx} exceeds the {built} positions {args.engines} was built for "
+                       f"(rebuild with ds4-build --ctx {args.ctx})")
+    args.ctx = built
+    return engine
+
+
 def run(argv: list[str] | None = None) -> int:
     args = _run_parser().parse_args(argv)
     from ds4trt.chat import Conversation, render_single
-    from ds4trt.runtime.session import Engine
 
     if not 1 <= args.mtp_draft <= 8:
         raise Ds4Error(f"--mtp-draft must be in 1..8, got {args.mtp_draft}")
     if args.ctx < 1 or args.n_predict < 0:
         raise Ds4Error("--ctx must be >= 1 and -n >= 0")
-    gguf = args.gguf or str(_default_model("demo.gguf"))
+    if args.engines and (args.gguf or args.mtp or args.info):
+        raise Ds4Error("--engines replaces --gguf, --mtp and --info: the directory holds the model")
+    gguf = args.gguf or (None if args.engines else str(_default_model("demo.gguf")))
     if args.info:
         _info(gguf)
         return 0
     mtp = args.mtp
     if args.glm_mtp:
         args.temp = 0.0
+        if mtp is None and args.engines:
+            mtp = args.engines                   # the directory's MTP graph
         if mtp is None:
             mtp = str(_default_model("demo-mtp.gguf")) if args.gguf is None else None
         if mtp is None:
@@ -154,7 +181,7 @@ def run(argv: list[str] | None = None) -> int:
         print("ds4-run: MTP speculative decoding needs greedy decoding (--temp 0); decoding normally",
               file=sys.stderr)
         use_mtp = False
-    engine = Engine.open(gguf, mtp if use_mtp else None, numerics=args.numerics)
+    engine = _open_engine(args, gguf, mtp if use_mtp else None)
     tok = engine.tokenizer
     session = engine.session(args.ctx)
     sampler = _Sampler(args.temp, args.top_k, args.top_p, args.seed)
@@ -205,6 +232,99 @@ def run_main() -> None:
         sys.exit(run())
     except Ds4Error as e:
         print(f"ds4-run: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+# ---- ds4-build ----
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds4-build", description="Export ds4 GGUF files to an engine directory "
+                                "(ONNX step graphs + weights + tokenizer + manifest.json) for ds4-run --engines.")
+    p.add_argument("--gguf", required=True, help="target model GGUF")
+    p.add_argument("--mtp", help="MTP head GGUF: also export the MTP step graph")
+    p.add_argument("--out", required=True, help="engine directory to write")
+    p.add_argument("--backend", choices=("onnxruntime", "tensorrt"), default="onnxruntime",
+                   help="runtime the engines are for (default onnxruntime; tensorrt: not implemented yet)")
+    p.add_argument("--ctx", type=int, default=4096, help="maximum context: the cache shapes (default 4096)")
+    p.add_argument("--numerics", choices=("ds4", "float"), default="ds4",
+                   help="ds4: FP8 KV and FP4 indexer rounding as ds4 does (default); float: none")
+    p.add_argument("--check", action="store_true",
+                   help="compare every graph in ONNX Runtime with the PyTorch reference on random inputs "
+                        "(polygraphy); reference inputs/outputs are saved to OUT/check/")
+    return p
+
+
+class _Bar:
+    """export/package.py Progress on a tqdm bar (stderr)."""
+
+    def __init__(self):
+        self.bar = None
+
+    def stage(self, text: str) -> None:
+        self._close()
+        print(f"ds4-build: {text}", file=sys.stderr)
+
+    def start_bytes(self, text: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self._close()
+        self.bar = tqdm(total=total, desc=f"ds4-build: {text}", unit="B", unit_scale=True, file=sys.stderr)
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def build(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    from ds4trt.export.package import build as build_engine
+
+    bar = _Bar()
+    report = build_engine(args.gguf, args.out, mtp=args.mtp, backend=args.backend, ctx=args.ctx,
+                          numerics=args.numerics, progress=bar)
+    bar._close()
+    size = lambda n: f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"  # noqa: E731
+    print(f"engine directory {report.out} ({args.backend}, ctx {args.ctx}, {args.numerics} numerics) "
+          f"in {report.seconds:.1f} s")
+    for name, n in report.files.items():
+        print(f"  {name:16} {size(n)}")
+    for role, g in report.graphs.items():
+        print(f"  {role} graph: {g['nodes']} nodes, {g['initializers']} initializers, {g['moe_nodes']} ds4::MoE")
+    if report.trt_problems:
+        print(f"TensorRT ONNX parser support: {len(report.trt_problems)} problem(s):")
+        for line in report.trt_problems:
+            print(f"  {line}")
+    else:
+        print("TensorRT ONNX parser support: every op and input type is in the support matrix (or a ds4 plugin)")
+    if not args.check:
+        return 0
+    from ds4trt.export.check import TOL, check_engine
+
+    results = check_engine(args.out, args.gguf, args.mtp, save_dir=Path(args.out) / "check")
+    failed = [r for r in results if not r.ok]
+    for g in dict.fromkeys(r.graph for r in results):
+        rel = lambda rows: max(r.rel for r in results if r.graph == g and r.output.startswith("rows.") == rows)  # noqa: E731
+        print(f"check {g}: ONNX Runtime vs PyTorch, max |diff| / max |ref|: logits and hc {rel(False):.1e}, "
+              f"cache rows {rel(True):.1e} (tolerance {TOL:g}; ds4 numerics: rows may differ by one FP8 "
+              "rounding step in up to 1% of elements)")
+    for r in failed:
+        print(f"check FAILED: {r.graph} T={r.T} {r.output}: {r.rel:.2e}, {r.flips:.1%} of elements beyond")
+    print(f"check: reference inputs and outputs saved in {Path(args.out) / 'check'} (polygraphy JSON)")
+    return 1 if failed else 0
+
+
+def build_main(argv: list[str] | None = None) -> None:
+    try:
+        sys.exit(build(argv))
+    except Ds4Error as e:
+        print(f"ds4-build: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
