@@ -132,7 +132,7 @@ def check_engine(directory, gguf, mtp=None, T_values=T_VALUES, seed: int = 0, sa
     """Run each graph of `directory` on random inputs in ONNX Runtime and in torch; returns one OutputCheck per
     (graph, T, output). With save_dir: polygraphy inputs / RunResults JSON per graph ({role}.inputs.json,
     {role}.outputs.json) for `polygraphy run ... --load-inputs ... --load-outputs ...` against TensorRT later."""
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
     m = M.load(directory)
@@ -162,7 +162,7 @@ def check_engine(directory, gguf, mtp=None, T_values=T_VALUES, seed: int = 0, sa
         rtol = {s.name: FP8_STEP if rounded and s.name.startswith("rows.") else 0.0 for s in graph["outputs"]}
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
             poly_ok = bool(Comparator.compare_accuracy(
-                run, compare_func=CompareFunc.simple(atol=atol, rtol=rtol, check_error_stat="elemwise")))
+                run, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise")))
         for T, ref, got in zip(T_values, ref_iters, ort_iters):
             for c in compare(dict(ref.items()), dict(got.items()), role, T, rounded):
                 c.ok = c.ok and poly_ok

@@ -132,7 +132,7 @@ def _pow2(g, e):
 
 
 def _frexp(g, x):
-    """torch.frexp for finite float32 x: x = m * 2**e, |m| in [0.5, 1) (m = e = 0 for x = 0)."""
+    """torch.frexp for finite float32 x: x = m * 2**e, |m| in [0.5, 1) (m = e = 0 for x = 0, sign not kept)."""
     i64 = lambda v: _const(g, torch.tensor(v, dtype=torch.int64))  # noqa: E731
     ax = g.op("Abs", x)
     f = g.op("Floor", g.op("Div", g.op("Log", ax), _const(g, torch.tensor(math.log(2.0), dtype=torch.float32))))
@@ -440,13 +440,7 @@ def fuse_topk_slices(model: onnx.ModelProto) -> int:
         graph.node.append(helper.make_node("Constant", [], [k_name],
                                            value=helper.make_tensor(k_name, TensorProto.INT64, [1], [ends[0]])))
         node.input[1] = k_name
-        for other in users.get(s.output[0], []):
-            for i, name in enumerate(other.input):
-                if name == s.output[0]:
-                    other.input[i] = node.output[1]
-        for out in graph.output:
-            if out.name == s.output[0]:
-                raise Ds4Error(f"cannot fuse TopK: its slice {s.output[0]} is a graph output")
+        node.output[1] = s.output[0]        # the slice was the indices' only reader: TopK now produces its result
         drop.add(id(s))
         fused += 1
     _remove(graph, drop)
