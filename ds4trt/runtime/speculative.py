@@ -108,7 +108,7 @@ def speculative_step(session, drafter, first_token: int, max_tokens: int, eos: i
     room = min(n_draft, max_tokens - 1, session.ctx - session.pos - 1)
     drafts = []
     if drafter is not None and room > 0 and first_token != eos:
-        drafts = drafter.draft(session.tokens, first_token, room, margin, eos)
+        drafts = drafter.draft(session.tokens, first_token, room, margin, eos)[:room]
 
     # verify: one batched target pass over the pending token and every draft
     seq = [first_token] + [t for t, _ in drafts]
@@ -122,6 +122,7 @@ def speculative_step(session, drafter, first_token: int, max_tokens: int, eos: i
     keep = 1 + n_ok
     if eos is not None and eos in seq[:keep]:
         keep = seq.index(eos) + 1
+        n_ok = keep - 1                                             # drafts past the EOS are not committed
 
     # commit the kept rows; the rest are dropped
     session.commit(seq, hc, rows, logits[keep - 1], keep)
