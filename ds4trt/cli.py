@@ -6,6 +6,7 @@ ds4-run: stdout carries only the generated text, streamed; statistics and notes 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ import torch
 from ds4trt.errors import Ds4Error
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
+DEFAULT_CTX = 4096
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -26,7 +28,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtp", help="MTP head GGUF for speculative decoding")
     p.add_argument("-p", "--prompt", help="prompt; without it, an interactive multi-turn chat on stdin")
     p.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (default 256)")
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context size in tokens (default {DEFAULT_CTX}, or the model's context length if smaller)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
@@ -54,21 +57,32 @@ def _default_model(name: str) -> Path:
 
 
 def _info(path: str) -> None:
+    """The summary from the metadata and the tensor directory: nothing is dequantized, and the BPE
+    tokenizer is not built (its ids are only looked up), so a Flash-size file takes about a second."""
+    from ds4trt.gguf_io import names as N
     from ds4trt.gguf_io.names import TYPE_NAMES
     from ds4trt.model.weights import load_target
-    from ds4trt.tokenizer import Tokenizer
+    from ds4trt.tokenizer import BOS, EOS
 
     gguf_file, cfg, weights = load_target(path)
     types: dict[str, int] = {}
     for t in gguf_file.tensors.values():
         name = TYPE_NAMES.get(t.ggml_type, str(t.ggml_type))
         types[name] = types.get(name, 0) + t.nbytes
-    tok = Tokenizer.from_gguf(gguf_file)
     print(f"file         {path} ({gguf_file.file_size / 1e9:.2f} GB, GGUF v{gguf_file.version}, "
           f"{len(gguf_file.tensors)} tensors)")
     print(cfg.summary())
-    print("tensor data  " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sorted(types.items(), key=lambda kv: -kv[1])))
-    print(f"tokenizer    {tok.n_vocab} tokens, BOS={tok.bos_id} EOS={tok.eos_id}")
+    size = lambda n: f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"  # noqa: E731
+    print("tensor data  " + ", ".join(f"{k} {size(v)}" for k, v in sorted(types.items(), key=lambda kv: -kv[1])))
+    tokens, merges = (gguf_file.metadata.get(k) for k in (N.KEY_TOKENS, N.KEY_MERGES))
+    if tokens is None or not isinstance(tokens.value, list):
+        print(f"tokenizer    none ({N.KEY_TOKENS} is missing or not a string array)")
+    else:
+        vocab = tokens.value
+        ids = {s: (vocab.index(s) if s in vocab else None) for s in (BOS, EOS)}
+        n_merges = len(merges.value) if merges is not None and isinstance(merges.value, list) else 0
+        note = "" if len(vocab) == cfg.n_vocab else f" (does not match {N.KEY_VOCAB} {cfg.n_vocab})"
+        print(f"tokenizer    {len(vocab)} tokens{note}, {n_merges} merges, BOS={ids[BOS]} EOS={ids[EOS]}")
 
 
 class _Sampler:
@@ -87,6 +101,7 @@ class _Sampler:
         if self.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             drop = torch.cumsum(sorted_p, 0) - sorted_p >= self.top_p
+            drop[0] = False  # the most likely token always stays
             probs[order[drop]] = 0
             probs /= probs.sum()
         return int(torch.multinomial(probs, 1, generator=self.gen))
@@ -123,12 +138,60 @@ def _generate(session, args, sampler, use_mtp: bool, out) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, use_mtp: bool) -> None:
+def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, use_mtp: bool,
+           computed: int | None = None) -> None:
+    """`computed`: prompt tokens actually run (a chat turn reuses the cached prefix); default all."""
     rate = lambda n, t: f"{n / t:.1f}" if t > 0 else "-"  # noqa: E731
-    print(f"\nprompt: {n_prompt} tokens, prefill: {rate(n_prompt, t_prefill)} t/s, "
+    computed = n_prompt if computed is None else computed
+    cached = f" ({n_prompt - computed} cached)" if computed != n_prompt else ""
+    print(f"\nprompt: {n_prompt} tokens{cached}, prefill: {rate(computed, t_prefill)} t/s, "
           f"generation: {rate(n_gen, t_gen)} t/s ({n_gen} tokens)", file=sys.stderr)
     if use_mtp:
         print(session.stats.report(), file=sys.stderr)
+
+
+def _utf8(text: str, what: str) -> str:
+    """Text from argv or stdin; undecodable bytes arrive as lone surrogates (surrogateescape), which
+    the tokenizer cannot take: say which input and which byte."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        byte = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"code point U+{ch:04X}"
+        raise Ds4Error(f"{what} is not valid UTF-8 ({byte} at character {e.start})") from None
+    return text
+
+
+def _check_args(args) -> None:
+    if not 1 <= args.mtp_draft <= 8:
+        raise Ds4Error(f"--mtp-draft must be in 1..8, got {args.mtp_draft}")
+    if args.ctx is not None and args.ctx < 1:
+        raise Ds4Error(f"--ctx must be >= 1, got {args.ctx}")
+    if args.n_predict < 0:
+        raise Ds4Error(f"-n must be >= 0, got {args.n_predict}")
+    if not args.temp >= 0:  # also NaN
+        raise Ds4Error(f"--temp must be >= 0, got {args.temp}")
+    if args.top_k < 0:
+        raise Ds4Error(f"--top-k must be >= 0, got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise Ds4Error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not -(1 << 63) <= args.seed < 1 << 64:
+        raise Ds4Error(f"--seed must fit in 64 bits, got {args.seed}")
+    if not math.isfinite(args.mtp_margin):
+        raise Ds4Error(f"--mtp-margin must be a finite number, got {args.mtp_margin}")
+    if args.prompt is not None:
+        _utf8(args.prompt, "the prompt (-p)")
+    _utf8(args.system, "the system prompt (--system)")
+
+
+def _context(args, engine) -> int:
+    """--ctx, checked against the model's context length (deepseek4.context_length; 0 = unknown)."""
+    limit = engine.cfg.context_length
+    if args.ctx is None:
+        return min(DEFAULT_CTX, limit) if limit > 0 else DEFAULT_CTX
+    if limit > 0 and args.ctx > limit:
+        raise Ds4Error(f"--ctx {args.ctx} exceeds the model's context length {limit} ({engine.source})")
+    return args.ctx
 
 
 def _open_engine(args, gguf, mtp):
@@ -157,10 +220,7 @@ def run(argv: list[str] | None = None) -> int:
     args = _run_parser().parse_args(argv)
     from ds4trt.chat import Conversation, render_single
 
-    if not 1 <= args.mtp_draft <= 8:
-        raise Ds4Error(f"--mtp-draft must be in 1..8, got {args.mtp_draft}")
-    if args.ctx < 1 or args.n_predict < 0:
-        raise Ds4Error("--ctx must be >= 1 and -n >= 0")
+    _check_args(args)
     if args.engines and (args.gguf or args.mtp or args.info):
         raise Ds4Error("--engines replaces --gguf, --mtp and --info: the directory holds the model")
     gguf = args.gguf or (None if args.engines else str(_default_model("demo.gguf")))
@@ -183,12 +243,22 @@ def run(argv: list[str] | None = None) -> int:
         use_mtp = False
     engine = _open_engine(args, gguf, mtp if use_mtp else None)
     tok = engine.tokenizer
-    session = engine.session(args.ctx)
+    if tok.n_vocab != engine.cfg.n_vocab:
+        # generated ids must decode and prompt ids must embed: the two vocabularies are one
+        raise Ds4Error(f"{gguf}: metadata tokenizer.ggml.tokens has {tok.n_vocab} entries, expected "
+                       f"{engine.cfg.n_vocab} (deepseek4.vocab_size and the embedding/output rows)")
+    ctx = _context(args, engine)
+    try:
+        session = engine.session(ctx)
+    except (MemoryError, RuntimeError) as e:  # torch: "DefaultCPUAllocator: can't allocate memory ..."
+        raise Ds4Error(f"--ctx {ctx}: cannot allocate the caches ({e})") from None
     sampler = _Sampler(args.temp, args.top_k, args.top_p, args.seed)
     out = sys.stdout
 
     if args.prompt is not None:
         ids = tok.encode(args.prompt) if args.raw else render_single(tok, args.prompt, args.system, args.think)
+        if not ids:
+            raise Ds4Error("the prompt (-p) is empty: with --raw there is no token to continue from")
         t0 = time.perf_counter()
         session.prefill(ids)
         t_prefill = time.perf_counter() - t0
@@ -202,39 +272,55 @@ def run(argv: list[str] | None = None) -> int:
     if args.system:
         conv.append("system", args.system)
     interactive = sys.stdin.isatty()
+    line_no = 0
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
+        line_no += 1
+        try:
+            line = sys.stdin.readline()
+        except UnicodeDecodeError as e:  # a strict stdin encoding (PYTHONIOENCODING=utf-8)
+            raise Ds4Error(f"stdin line {line_no} is not valid {e.encoding} ({e.reason})") from None
         if not line:
             return 0
         if not line.strip():
             continue
-        conv.append("user", line.rstrip("\n"))
+        conv.append("user", _utf8(line.rstrip("\n"), f"stdin line {line_no}"))
         ids = conv.render(tok, think=args.think)
         common = 0
         while common < min(len(ids), session.pos) and ids[common] == session.tokens[common]:
             common += 1
-        session.rewind(min(common, len(ids) - 1))
+        keep = min(common, len(ids) - 1)
         t0 = time.perf_counter()
+        replayed = 0
+        if keep < session.pos:  # the cache holds tokens the new rendering does not: go back (replays `keep`)
+            session.rewind(keep)
+            replayed = keep
+        computed = replayed + len(ids) - session.pos
         session.prefill(ids[session.pos:])
         t_prefill = time.perf_counter() - t0
         start = session.pos
         n, t = _generate(session, args, sampler, use_mtp, out)
         out.write("\n")
-        _stats(len(ids), t_prefill, n, t, session, use_mtp)
+        _stats(len(ids), t_prefill, n, t, session, use_mtp, computed=computed)
         reply = [t for t in session.tokens[start:] if t != tok.eos_id]
         conv.append("assistant", tok.decode(reply))
 
 
-def run_main() -> None:
+def run_main(argv: list[str] | None = None) -> None:
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a generated character
     try:
-        sys.exit(run())
+        sys.exit(run(argv))
     except Ds4Error as e:
         print(f"ds4-run: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # stdout closed by the reader (ds4-run ... | head): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+        sys.exit(141)
 
 
 # ---- ds4-build ----

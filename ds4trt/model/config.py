@@ -107,6 +107,8 @@ class ModelConfig:
         """Read and check the deepseek4.* metadata of an opened GGUFFile; raise Ds4Error naming the key."""
         md = _Metadata(gguf.metadata, str(gguf.path))
         n_layer = md.u32(N.KEY_BLOCK_COUNT)
+        if n_layer < 1:  # before the per-layer arrays: clamps[0] below needs one layer
+            md.fail(N.KEY_BLOCK_COUNT, "a value >= 1", n_layer)
         ratios = md.int_array(N.KEY_COMPRESS_RATIOS, n_layer)
         clamps = md.float_array(N.KEY_SWIGLU_CLAMP, n_layer)
         if any(abs(c - clamps[0]) > 1e-6 * max(1.0, abs(clamps[0])) for c in clamps):
