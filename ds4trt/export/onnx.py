@@ -27,9 +27,12 @@ and integer Clip (TensorRT's Clip is float only) is rewritten as Max/Min.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
+import mmap
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +45,7 @@ from onnx import TensorProto, helper
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.gguf_io.dequant import dequantize, dequantize_rows
+from ds4trt.gguf_io.dequant import dequantize, dequantize_rows, raw_rows
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.mtp import MTPHead
 from ds4trt.export.manifest import IOSpec
@@ -260,11 +263,19 @@ def trace_to_onnx(module: StepGraph, cfg: ModelConfig, ctx: int, mtp: bool, path
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        torch.onnx.export(module, tuple(example), str(path), dynamo=False, opset_version=OPSET,
-                          input_names=[s.name for s in inputs], output_names=[s.name for s in outputs],
-                          dynamic_axes={k: v for k, v in dynamic.items() if v}, export_params=False,
-                          do_constant_folding=False, keep_initializers_as_inputs=True,
-                          custom_opsets=CUSTOM_OPSETS)
+        # the exporter's shape inference would evaluate every op on parameters (the weights' transposes) as a
+        # constant and keep the results: gigabytes at Flash width. Our parameters are placeholders whose values
+        # mean nothing, so it runs without them (shapes and types still come from the graph inputs).
+        infer = torch._C._jit_pass_onnx_graph_shape_type_inference
+        torch._C._jit_pass_onnx_graph_shape_type_inference = lambda graph, params, opset: infer(graph, {}, opset)
+        try:
+            torch.onnx.export(module, tuple(example), str(path), dynamo=False, opset_version=OPSET,
+                              input_names=[s.name for s in inputs], output_names=[s.name for s in outputs],
+                              dynamic_axes={k: v for k, v in dynamic.items() if v}, export_params=False,
+                              do_constant_folding=False, keep_initializers_as_inputs=True,
+                              custom_opsets=CUSTOM_OPSETS)
+        finally:
+            torch._C._jit_pass_onnx_graph_shape_type_inference = infer
     return onnx.load(str(path))
 
 
@@ -575,18 +586,44 @@ def _chunks(src: Source):
     w = src.weights
     info = w.file.tensors[src.name]
     raw = w.file.raw(src.name)
-    if src.kind == "blocks":
-        for i in range(0, raw.size, CHUNK_BYTES):
-            yield raw[i:i + CHUNK_BYTES]
+    try:
+        if src.kind == "blocks":
+            for i in range(0, raw.size, CHUNK_BYTES):
+                yield raw[i:i + CHUNK_BYTES]
+                _unmap_pages(raw[i:i + CHUNK_BYTES])
+            return
+        shape = info.shape
+        if len(shape) == 1:
+            yield dequantize(raw, info.ggml_type, shape)
+            return
+        row = math.prod(shape[1:]) * 4
+        step = max(1, CHUNK_BYTES // row)
+        for i in range(0, shape[0], step):
+            yield dequantize_rows(raw, info.ggml_type, shape, i, min(shape[0], i + step))
+            _unmap_pages(raw_rows(raw, info.ggml_type, shape, i, min(shape[0], i + step)))
+    finally:
+        _unmap_pages(raw)
+
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _unmap_pages(view: np.ndarray) -> None:
+    """Drop this process's mapping of the pages under a read-only view of a file mapping (the GGUF): they stay
+    in the page cache, but stop counting as our resident memory, so streaming an 80 GB file keeps RSS flat.
+    Only for views whose memory is a read-only mmap.mmap (DONTNEED on anonymous memory would zero it)."""
+    base = view
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):        # np.frombuffer(mmap) keeps a memoryview of the map
+        base = base.obj
+    if _LIBC is None or view.flags.writeable or not isinstance(base, mmap.mmap) or view.nbytes == 0:
         return
-    shape = info.shape
-    if len(shape) == 1:
-        yield dequantize(raw, info.ggml_type, shape)
-        return
-    row = math.prod(shape[1:]) * 4
-    step = max(1, CHUNK_BYTES // row)
-    for i in range(0, shape[0], step):
-        yield dequantize_rows(raw, info.ggml_type, shape, i, min(shape[0], i + step))
+    start = view.ctypes.data // _PAGE * _PAGE
+    end = -(-(view.ctypes.data + view.nbytes) // _PAGE) * _PAGE
+    _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
 
 
 def _external(name: str, dtype: str, dims, wfile: WeightsFile, offset: int, length: int) -> TensorProto:
