@@ -182,16 +182,9 @@ def main(argv=None) -> int:
 
     for p in params.values():
         p.requires_grad_(False)
-    _, mtp_weights = load_mtp(init_mtp, cfg)
-    mtp_named = Named(mtp_weights)
-    mtp = MTPHead(model, mtp_named)
-    mtp_params = mtp_named.trainable(mtp)
-    mtp.to(args.device)
-    for p in mtp_params.values():
-        p.requires_grad_(True)
+    mtp, mtp_params = trainable_mtp(model, init_mtp, cfg, args.device)
     mtp_steps = train(mtp_params, lambda seq: mtp_loss(model, mtp, seq, cfg, args.device), data, rng, args.batch,
-                      args.seq,
-                      args.mtp_steps, args.mtp_seconds, peak_lr=2e-3, name="mtp")
+                      args.seq, args.mtp_steps, args.mtp_seconds, peak_lr=2e-3, name="mtp")
 
     save = lambda ps: {n: p.detach().float().cpu().numpy() for n, p in ps.items()}  # noqa: E731
     write_model_gguf(out / "demo.gguf", cfg, seed=args.seed, tokenizer=(tokens, merges), tensors=save(params),
@@ -206,6 +199,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def trainable_mtp(model: Transformer, init_path: Path, cfg, device) -> tuple[MTPHead, dict]:
+    """An MTP head initialised from the seeded random GGUF at `init_path`, its parameters trainable."""
+    _, weights = load_mtp(init_path, cfg)
+    named = Named(weights)
+    mtp = MTPHead(model, named)
+    params = named.trainable(mtp)
+    mtp.to(device)
+    for p in params.values():
+        p.requires_grad_(True)
+    return mtp, params
+
+
 def train_mtp_stage2(args, out: Path, texts: list[str]) -> int:
     """Train the MTP head against a finished target: the loss is the cross-entropy to the target's own
     distribution of the token after next (what acceptance measures), not to the data."""
@@ -216,13 +221,7 @@ def train_mtp_stage2(args, out: Path, texts: list[str]) -> int:
     model = Transformer(cfg, weights, numerics="ds4").to(args.device)
     init_mtp = out / "init-mtp.gguf"
     write_mtp_gguf(init_mtp, cfg, seed=args.seed + 1)
-    _, mtp_weights = load_mtp(init_mtp, cfg)
-    named = Named(mtp_weights)
-    mtp = MTPHead(model, named)
-    params = named.trainable(mtp)
-    mtp.to(args.device)
-    for p in params.values():
-        p.requires_grad_(True)
+    mtp, params = trainable_mtp(model, init_mtp, cfg, args.device)
     rng = np.random.default_rng(args.seed + 2)
     steps = train(params, lambda seq: mtp_distill_loss(model, mtp, seq, cfg, args.device), data, rng, args.batch,
                   args.seq, args.mtp_steps, args.mtp_seconds, peak_lr=2e-3, name="mtp")
