@@ -22,7 +22,11 @@ Op set 17. Three torch ops have no (or no usable) ONNX export and get symbolics 
   aten::sort (stable)       TopK over the whole axis: ONNX TopK orders equal values by lower index first, which
                             is exactly torch's stable descending sort; followed by a constant slice [:k] it is
                             fused to TopK(K=k) (TensorRT requires K < 3840; the indexer sorts ctx/4 rows).
-and integer Clip (TensorRT's Clip is float only) is rewritten as Max/Min.
+Graph passes after tracing (the exporter's constant folding is off: it would evaluate ops on the weights):
+fold_constants (index arithmetic on Python ints and static shapes, double scalars), rope_tables (the float64
+RoPE angles become Gathers from float32 tables of the same values, TensorRT having no float64 math),
+fuse_topk_slices, integer_clips_to_min_max (TensorRT's Clip is float only). export/trt_ops.py then checks
+every node against TensorRT's ONNX support matrix.
 """
 
 from __future__ import annotations
@@ -712,9 +716,9 @@ def check_saved(path: Path) -> None:
         raise Ds4Error(f"{path}: onnx.checker: {str(e).splitlines()[0]}") from e
 
 
-def min_ctx(cfg: ModelConfig, mtp_only: bool = False) -> int:
+def min_ctx(cfg: ModelConfig) -> int:
     """The smallest context the graphs support: the indexer's TopK(K = top-k) needs at least top-k compressed
     rows plus one new token on every ratio-4 layer, i.e. ctx // 4 + 2 >= index_top_k."""
-    if mtp_only or 4 not in cfg.compress_ratios:
+    if 4 not in cfg.compress_ratios:
         return 1
     return max(1, 4 * (cfg.index_top_k - 2))
