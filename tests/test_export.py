@@ -32,12 +32,9 @@ from tiny_engines import CTX, tiny_engine, tiny_files
 torch.set_num_threads(1)
 
 
-def _ort(path_or_model):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.register_custom_ops_library(moe.onnxruntime_library())
-    src = path_or_model if isinstance(path_or_model, str) else path_or_model.SerializeToString()
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+def _ort(model: onnx.ModelProto):
+    return ort.InferenceSession(model.SerializeToString(), moe.onnxruntime_session_options(),
+                                providers=["CPUExecutionProvider"])
 
 
 def _export_small(module, args, names, tmp_path, dynamic=None) -> onnx.ModelProto:

@@ -102,10 +102,8 @@ def _runners(role: str, step: StepGraph, graph: dict, manifest: M.Manifest):
             self.inference_time = time.perf_counter() - t0
             return OrderedDict((s.name, o.numpy()) for s, o in zip(graph["outputs"], out))
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.register_custom_ops_library(moe.onnxruntime_library())
-    sess = ort.InferenceSession(str(graph["file"]), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(graph["file"]), moe.onnxruntime_session_options(),
+                                providers=["CPUExecutionProvider"])
     return TorchRunner(), OnnxrtRunner(sess, name=f"onnxrt-{role}")
 
 
@@ -138,7 +136,7 @@ def check_engine(directory, gguf, mtp=None, T_values=T_VALUES, seed: int = 0, sa
     m = M.load(directory)
     if m.backend != "onnxruntime":
         raise Ds4Error(f"--check runs ONNX Runtime; {directory} was built for {m.backend}")
-    cfg = ModelConfig(**(m.model | {"compress_ratios": tuple(m.model["compress_ratios"])}))
+    cfg = m.config()
     steps = reference_steps(gguf, mtp, m.numerics, m.ctx)
     rng = np.random.default_rng(seed)
     results: list[OutputCheck] = []

@@ -134,6 +134,15 @@ class Manifest:
     def model(self) -> dict:
         return self.data["model"]
 
+    def config(self):
+        """The model's ModelConfig (model/config.py) from the `model` key."""
+        from ds4trt.model.config import ModelConfig
+
+        try:
+            return ModelConfig(**(self.model | {"compress_ratios": tuple(self.model["compress_ratios"])}))
+        except (TypeError, KeyError) as e:
+            raise Ds4Error(f"{self.directory / MANIFEST}: model: not a ModelConfig ({e})") from e
+
 
 def load(directory, verify_hashes: bool = True) -> Manifest:
     """Read and validate DIR/manifest.json and the files it lists (size, and sha256 unless verify_hashes=False)."""

@@ -324,12 +324,12 @@ def _np_reshape(x, shape, allowzero=0):
 
 _FOLDERS = {
     "Identity": lambda n, x: x,
-    "Cast": lambda n, x: x.astype(helper.tensor_dtype_to_np_dtype(_attr(n, "to"))),
+    "Cast": lambda n, x: x.astype(helper.tensor_dtype_to_np_dtype(attribute(n, "to"))),
     "Unsqueeze": lambda n, x, axes: np.expand_dims(x, tuple(int(a) % (x.ndim + len(axes)) for a in axes)),
     "Squeeze": lambda n, x, axes=None: np.squeeze(x, None if axes is None else tuple(int(a) for a in axes)),
-    "Concat": lambda n, *xs: np.concatenate(xs, axis=_attr(n, "axis")),
-    "Reshape": lambda n, x, shape: _np_reshape(x, shape, _attr(n, "allowzero", 0)),
-    "Gather": lambda n, x, i: np.take(x, i, axis=_attr(n, "axis", 0)),
+    "Concat": lambda n, *xs: np.concatenate(xs, axis=attribute(n, "axis")),
+    "Reshape": lambda n, x, shape: _np_reshape(x, shape, attribute(n, "allowzero", 0)),
+    "Gather": lambda n, x, i: np.take(x, i, axis=attribute(n, "axis", 0)),
     "Add": lambda n, a, b: a + b, "Sub": lambda n, a, b: a - b, "Mul": lambda n, a, b: a * b,
     "Div": lambda n, a, b: _np_div(a, b), "Neg": lambda n, x: -x,
     "Min": lambda n, *xs: np.minimum.reduce(xs), "Max": lambda n, *xs: np.maximum.reduce(xs),
@@ -339,7 +339,8 @@ _FOLDERS = {
 }
 
 
-def _attr(node, name, default=None):
+def attribute(node, name, default=None):
+    """A node attribute's value (`default` if absent)."""
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -412,7 +413,7 @@ def rope_tables(model: onnx.ModelProto, ctx: int) -> dict[str, np.ndarray]:
         unsq = producer.get(other)
         cast = producer.get(unsq.input[0]) if unsq is not None and unsq.op_type == "Unsqueeze" else None
         if (freq is None or freq.ndim != 1 or cast is None or cast.op_type != "Cast"
-                or _attr(cast, "to") != TensorProto.DOUBLE or consts.get(unsq.input[1]) is None
+                or attribute(cast, "to") != TensorProto.DOUBLE or consts.get(unsq.input[1]) is None
                 or [int(x) for x in consts[unsq.input[1]]] not in ([-1], [1])):
             raise Ds4Error(f"graph {graph.name}: {node.op_type} node {node.name} is not the RoPE pattern "
                            "cos/sin(float64(pos) * freq); export cannot make it float32")

@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from ds4trt.export.onnx import tensor_types
+from ds4trt.export.onnx import attribute, tensor_types
 from ds4trt.plugins import moe
 
 TABLE = Path(__file__).with_name("trt_onnx_ops.json")
@@ -32,13 +32,6 @@ TRT_TYPE = {TensorProto.FLOAT: "FP32", TensorProto.FLOAT16: "FP16", TensorProto.
 @cache
 def table() -> dict:
     return json.loads(TABLE.read_text())
-
-
-def _attr(node, name, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 def check_tensorrt_ops(model: onnx.ModelProto) -> list[str]:
@@ -63,7 +56,7 @@ def check_tensorrt_ops(model: onnx.ModelProto) -> list[str]:
             continue
         used = [types.get(name) for name in node.input if name]
         if node.op_type == "Cast":
-            used.append(_attr(node, "to"))
+            used.append(attribute(node, "to"))
         for t in used:
             name = TRT_TYPE.get(t, f"type {t}") if t is not None else "unknown"
             if name not in entry["types"]:
@@ -71,7 +64,7 @@ def check_tensorrt_ops(model: onnx.ModelProto) -> list[str]:
                 break
         if node.op_type == "TopK":
             k = consts.get(node.input[1])
-            if _attr(node, "sorted", 1) != 1:
+            if attribute(node, "sorted", 1) != 1:
                 problems.append(f"{where}: sorted must be 1")
             if k is None:
                 problems.append(f"{where}: K is not a constant (TensorRT needs K < {TOPK_MAX_K})")

@@ -178,6 +178,16 @@ def _ort_moe(v, ids, weights, gate_blocks, up_blocks, down_blocks, **attrs):
     return moe_reference(v, ids, weights, gate_blocks, up_blocks, down_blocks, **attrs)
 
 
+def onnxruntime_session_options(so=None):
+    """onnxruntime.SessionOptions (new, or `so`) with ds4::MoE registered and only errors logged."""
+    import onnxruntime as ort
+
+    so = so or ort.SessionOptions()
+    so.log_severity_level = 3
+    so.register_custom_ops_library(onnxruntime_library())
+    return so
+
+
 def onnxruntime_library() -> str:
     """Register ds4::MoE with onnxruntime-extensions (once per process) and return the custom-op library to pass
     to SessionOptions.register_custom_ops_library. The bridge copies the inputs into numpy on every call, so this

@@ -34,11 +34,9 @@ class OrtStep:
 
         self.path, self.cfg, self.ctx = Path(path), cfg, ctx
         self.inputs, self.outputs = inputs, outputs
-        so = session_options or ort.SessionOptions()
-        so.log_severity_level = 3
+        so = moe.onnxruntime_session_options(session_options)
         # between steps the Python loop runs: idle ORT threads must not spin on the cores it (and torch) need
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.register_custom_ops_library(moe.onnxruntime_library())
         try:
             self.session = ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - ORT raises its own types; report one line
@@ -99,10 +97,7 @@ def open_engine(directory, verify_hashes: bool = True) -> Engine:
     if m.backend != BACKEND:
         raise Ds4Error(f"{m.directory / M.MANIFEST}: backend {m.backend!r} cannot be loaded by the "
                        f"{BACKEND} runtime (rebuild with ds4-build --backend {BACKEND})")
-    try:
-        cfg = ModelConfig(**(m.model | {"compress_ratios": tuple(m.model["compress_ratios"])}))
-    except (TypeError, KeyError) as e:
-        raise Ds4Error(f"{m.directory / M.MANIFEST}: model: not a ModelConfig ({e})") from e
+    cfg = m.config()
     tokenizer = Tokenizer.from_file(m.directory / m.data["tokenizer"]["file"])
     g = m.graphs["target"]
     target = OrtTarget(g["file"], cfg, m.ctx, g["inputs"], g["outputs"])
