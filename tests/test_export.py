@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 
 import numpy as np
 import onnx
@@ -40,8 +41,10 @@ def _ort(model: onnx.ModelProto):
 def _export_small(module, args, names, tmp_path, dynamic=None) -> onnx.ModelProto:
     X.register_symbolics()
     path = tmp_path / "m.onnx"
-    torch.onnx.export(module, args, str(path), dynamo=False, opset_version=X.OPSET, input_names=names,
-                      dynamic_axes=dynamic or {})
+    with warnings.catch_warnings():     # the TorchScript exporter's deprecation notices (we use it on purpose)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=X.OPSET, input_names=names,
+                          dynamic_axes=dynamic or {})
     return onnx.load(str(path))
 
 
