@@ -1,0 +1,551 @@
+"""ds4::MoE in Triton: the routed experts of one layer, read straight from the GGUF blocks.
+
+    moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp)
+        -> out [T, D] float32; the contract of plugins/moe.py (inputs, byte layout, semantics), for T = 1..16
+    dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
+
+Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
+registers. Four launches (five when T > 1), no host synchronization, so a CUDA graph can capture a call:
+
+  1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
+                   (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
+                   item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert.
+  2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
+                   BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
+  3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
+  4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
+
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the dequantized
+values (the decode case). `_multi` serves items of 2..16 pairs (T > 1, tokens sharing an expert), so one
+read of the expert's rows serves every token routed to it: the blocks become exact small integers in fp16
+(Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
+per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
+power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|)). Each tensor-core product is then exact in the
+fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
+
+Accumulation is float32 throughout. No atomics: every output element is written by one program.
+
+Block layouts decoded here (ggml; spec ds4_architecture.md §2.8), 256 values per block, value k:
+  Q2_K (84 B):  scales[16] | qs[64] | f16 d | f16 dmin.
+                value k = d * (scales[k/16] & 15) * q - dmin * (scales[k/16] >> 4), with
+                k = 128n + 32j + l (l < 32): q = (qs[32n + l] >> 2j) & 3.
+                Seen as 16 runs of 16: run c = k/16 = 8n + 2j + (l >= 16) reads qs[32(c>>3) + 16(c&1) + l16]
+                at shift 2((c>>1)&3).
+  Q4_K (144 B): f16 d | f16 dmin | scales[12] | qs[128].
+                value k = d * sc[s] * q - dmin * m[s], s = k/32 (8 runs of 32),
+                q = (qs[32(s>>1) + l] >> 4(s&1)) & 15. Six-bit (sc, m) of run s from B = scales:
+                  s < 4:  sc = B[s] & 63,                     m = B[s+4] & 63
+                  s >= 4: sc = (B[s+4] & 15) | (B[s-4] >> 6) << 4,  m = (B[s+4] >> 4) | (B[s] >> 6) << 4
+  IQ2_XXS (66 B): f16 d | 8 groups of (u32 A, u32 B), little-endian.
+                Group g = values 32g..32g+31, four runs of 8 (run r = 4g + l). A's byte l indexes the grid:
+                8 magnitudes in {8, 25, 43}; B bits 7l..7l+6 index ksigns (bit i set -> value i negative);
+                B >> 28 = s. value = d * (0.5 + s) / 4 * magnitude * sign = d/8 * (2s+1) * magnitude * sign.
+                The grid is kept as 256 16-bit words of 2-bit codes (0, 1, 2 -> 8, 25, 43; magnitude
+                = 8 + c * (16.5 + c/2)), built at import from gguf's own grid and ksigns tables.
+
+Offsets into the expert tensors are int64 (E * rows * row bytes reaches 1.2e9 for Flash Q4_K; the margin
+to 2^31 is small). The blocks of a 66-byte type are only 2-byte aligned, so multi-byte fields are read
+as fp16 / uint16 (never as 4-byte words).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from gguf import quants as gguf_quants
+
+Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
+# ggml type -> (bytes per 256-value block, NS runs, L values per run); value k of a block is run k // L.
+LAYOUT = {Q2_K: (84, 16, 16), Q4_K: (144, 8, 32), IQ2_XXS: (66, 32, 8)}
+QK = 256
+ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_rows)
+CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
+# Launch shapes: rows per program and warps. Chosen from the compiled code's register counts; see
+# scripts/bench_kernels.py for the sweep to re-tune them on the GPU.
+SINGLE_BR, SINGLE_WARPS = 16, 4
+MULTI_BR, MULTI_WARPS = 64, 8
+
+
+@functools.cache
+def _iq2xxs_tables_np() -> tuple[np.ndarray, np.ndarray]:
+    """(grid codes int16 [256]: 2 bits per value, value i at bits 2i (read as uint16); ksigns uint8 [128]),
+    from gguf's own IQ2_XXS tables."""
+    cls = gguf_quants.IQ2_XXS
+    cls.init_grid()
+    grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8)
+    levels = np.asarray(cls.grid_map, dtype=np.float32)                     # 8, 25, 43
+    codes = np.searchsorted(levels, grid)
+    if not (levels[np.minimum(codes, len(levels) - 1)] == grid).all():
+        raise RuntimeError("gguf's IQ2_XXS grid holds a value outside (8, 25, 43)")
+    packed = (codes.astype(np.int64) << (2 * np.arange(8))).sum(1).astype(np.uint16).view(np.int16)
+    ksigns = np.frombuffer(cls.ksigns, dtype=np.uint8).copy()
+    return packed, ksigns
+
+
+_TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = str(device)
+    if key not in _TABLES:
+        grid, ksigns = _iq2xxs_tables_np()
+        _TABLES[key] = (torch.from_numpy(grid).to(device), torch.from_numpy(ksigns).to(device))
+    return _TABLES[key]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block decoding (shared by every kernel)
+
+@triton.jit
+def _u2f(q):
+    """Exact int32 -> float32 for 0 <= q < 2^23: the float whose bits are 2^23's with q in the mantissa,
+    minus 2^23 (an OR and a subtract instead of the slower int-to-float conversion)."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _ld_f16(ptr, off):
+    return tl.load((ptr + off).to(tl.pointer_type(tl.float16))).to(tl.float32)
+
+
+@triton.jit
+def _ld_u16(ptr, off):
+    return tl.load((ptr + off).to(tl.pointer_type(tl.uint16))).to(tl.int32)
+
+
+@triton.jit
+def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.constexpr):
+    """Decode runs of L values: run j is run c[j] of the block at byte offset base[j] (int64), so a tile
+    [BR * NS, L] holds the blocks of BR rows, one run per tile row (every per-run quantity is then a
+    slice of the same 2D layout: no layout conversions in the loop).
+
+    Returns (q [R, L], s [R], m [R], d [R], dmin [R]), float32, with
+    value[j, l] = d[j] * s[j] * q[j, l] - dmin[j] * m[j] for value L*c[j] + l of its block; q, s, m are
+    exact small integers (q is signed for IQ2_XXS, whose m and dmin are 0)."""
+    l = tl.arange(0, L)[None, :]
+    if TYPE == 10:  # Q2_K: run c = 8n + 2j + h reads qs[32n + 16h + l] at shift 2j
+        qoff = 16 + 32 * (c >> 3) + 16 * (c & 1)
+        qb = tl.load(ptr + (base + qoff)[:, None] + l).to(tl.int32)
+        q = _u2f((qb >> (2 * ((c >> 1) & 3))[:, None]) & 3)
+        sc = tl.load(ptr + base + c).to(tl.int32)
+        s = _u2f(sc & 15)
+        m = _u2f(sc >> 4)
+        d = _ld_f16(ptr, base + 80)
+        dmin = _ld_f16(ptr, base + 82)
+    elif TYPE == 12:  # Q4_K: run s reads qs[32(s>>1) + l] at shift 4(s&1)
+        qb = tl.load(ptr + (base + 16 + 32 * (c >> 1))[:, None] + l).to(tl.int32)
+        q = _u2f((qb >> (4 * (c & 1))[:, None]) & 15)
+        bs = tl.load(ptr + base + (4 + c)).to(tl.int32)           # B[s]
+        bs4 = tl.load(ptr + base + (8 + c)).to(tl.int32)          # B[s+4]
+        bsm4 = tl.load(ptr + base + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
+        low = c < 4
+        s = _u2f(tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)))
+        m = _u2f(tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)))
+        d = _ld_f16(ptr, base)
+        dmin = _ld_f16(ptr, base + 2)
+    else:  # IQ2_XXS: run c = 4g + r of group g
+        g8 = 8 * (c >> 2)
+        run = c & 3
+        idx = tl.load(ptr + base + (2 + g8 + run)).to(tl.int32)           # A byte r: grid index
+        lo = _ld_u16(ptr, base + (6 + g8))
+        hi = _ld_u16(ptr, base + (8 + g8))
+        sidx = ((lo | (hi << 16)) >> (7 * run)) & 127
+        signs = tl.load(ksigns_ptr + sidx).to(tl.int32)                    # 8-bit sign masks
+        codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF             # 2-bit codes of 8 magnitudes
+        cf = _u2f((codes[:, None] >> (2 * l)) & 3)
+        mag = 8.0 + cf * (16.5 + 0.5 * cf)                                 # 8, 25, 43 (exact)
+        q = tl.where(((signs[:, None] >> l) & 1) != 0, -mag, mag)
+        s = _u2f(2 * (hi >> 12) + 1)
+        m = tl.zeros_like(s)
+        d = _ld_f16(ptr, base) * 0.125
+        dmin = tl.zeros_like(d)
+    return q, s, m, d, dmin
+
+
+@triton.jit
+def _expand4(w):
+    """[R, NW] words -> [R, NW, 4]: each word repeated for its 4 bytes (in-thread copies, no data movement)."""
+    w = tl.join(w, w)
+    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], 4))
+
+
+@triton.jit
+def _to_bit(w, b, T: tl.constexpr):
+    """Shift byte b of w to bit T. b is an arange over an in-thread dimension, so each register's shift is a
+    compile-time constant and the select folds away."""
+    return tl.where(8 * b <= T, w << ((T - 8 * b) & 31), w >> ((8 * b - T) & 31))
+
+
+@triton.jit
+def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
+              TYPE: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr):
+    """[BR] float32: rows row0..row0+BR of the expert at byte offset expert_off, dotted with x_ptr[0:256*NSB].
+
+    The decode-case inner loop (float32 FMA). Each value becomes one FMA of a float f in [1, 2) built from its
+    bits: ONE (the bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3) with the quant
+    field placed at the top of the mantissa: Q2_K f = 1 + q/4, value = f * 4dS - (4dS + dmin m);
+    Q4_K f = 1 + q/16, value = f * 16dS - (16dS + dmin m) (one rounding of the per-run constant, ~1e-7
+    relative); IQ2_XXS f = 1 + code/4, magnitude = 8f^2 + 50f - 50 (8, 25, 43: exact), sign bit xor-ed in.
+    The run-dependent part of each shift is applied once per 32-bit word before the word is expanded to
+    its 4 values, so the per-value shifts are constants."""
+    b = tl.arange(0, 4)[None, None, :]
+    if TYPE == 10:  # Q2_K: tile [run c = 8n + 2j + h, word, byte]; run c = qs[32n + 16h + 0..15] >> 2j
+        j = tl.arange(0, BR * 16)
+        c = j % 16
+        base = expert_off + (row0 + j // 16).to(tl.int64) * (NSB * 84)
+        wi = tl.arange(0, 4)[None, :]
+        xoff = (16 * c)[:, None, None] + 4 * wi[:, :, None] + b
+        acc = tl.zeros([BR * 16, 4, 4], tl.float32)
+        for sb in range(0, NSB):
+            blk = base + sb * 84
+            wp = ptr + (blk + 16 + 32 * (c >> 3) + 16 * (c & 1))[:, None] + 4 * wi
+            w = tl.load(wp.to(tl.pointer_type(tl.uint32))) >> (2 * ((c >> 1) & 3))[:, None]
+            f = ((_to_bit(_expand4(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)
+            sc = tl.load(ptr + blk + c).to(tl.int32)
+            a = 4.0 * _ld_f16(ptr, blk + 80) * (sc & 15).to(tl.float32)
+            bb = -(a + _ld_f16(ptr, blk + 82) * (sc >> 4).to(tl.float32))
+            acc += (f * a[:, None, None] + bb[:, None, None]) * tl.load(x_ptr + sb * 256 + xoff)
+        return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 16)), axis=1)
+    elif TYPE == 12:  # Q4_K: tile [run s, word, byte]; run s = qs[32(s>>1) + 0..31] >> 4(s&1)
+        j = tl.arange(0, BR * 8)
+        c = j % 8
+        base = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 144)
+        wi = tl.arange(0, 8)[None, :]
+        xoff = (32 * c)[:, None, None] + 4 * wi[:, :, None] + b
+        low = c < 4
+        acc = tl.zeros([BR * 8, 8, 4], tl.float32)
+        for sb in range(0, NSB):
+            blk = base + sb * 144
+            wp = ptr + (blk + 16 + 32 * (c >> 1))[:, None] + 4 * wi
+            w = tl.load(wp.to(tl.pointer_type(tl.uint32))) >> (4 * (c & 1))[:, None]
+            f = ((_to_bit(_expand4(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)
+            bs = tl.load(ptr + blk + (4 + c)).to(tl.int32)           # B[s]
+            bs4 = tl.load(ptr + blk + (8 + c)).to(tl.int32)          # B[s+4]
+            bsm4 = tl.load(ptr + blk + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
+            sc = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
+            m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
+            a = 16.0 * _ld_f16(ptr, blk) * sc
+            bb = -(a + _ld_f16(ptr, blk + 2) * m)
+            acc += (f * a[:, None, None] + bb[:, None, None]) * tl.load(x_ptr + sb * 256 + xoff)
+        return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 8)), axis=1)
+    else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b
+        j = tl.arange(0, BR * 8)
+        g = j % 8
+        gbase = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 66) + 8 * g     # group fields, minus 2
+        l = tl.arange(0, 4)[None, :]
+        w = tl.arange(0, 2)[None, None, :]
+        b4 = tl.arange(0, 4)[None, None, None, :]
+        xoff = (32 * g)[:, None, None, None] + 8 * l[:, :, None, None] + 4 * w[:, :, :, None] + b4
+        acc = tl.zeros([BR * 8, 4, 2, 4], tl.float32)
+        for sb in range(0, NSB):
+            gb = gbase + sb * 66
+            lo = _ld_u16(ptr, gb + 6)
+            hi = _ld_u16(ptr, gb + 8)
+            dl = _ld_f16(ptr, gb - 8 * g) * (0.125 * (2 * (hi >> 12) + 1).to(tl.float32))    # d (2s+1) / 8
+            idx = tl.load(ptr + gb[:, None] + 2 + l).to(tl.int32)                             # A bytes
+            sidx = ((lo | (hi << 16))[:, None] >> (7 * l)) & 127
+            codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                             # [G, 4]
+            signs = tl.load(ksigns_ptr + sidx).to(tl.int32)
+            cw = tl.reshape(_expand4(tl.reshape(codes[:, :, None] >> (8 * w), (BR * 8, 8))), (BR * 8, 4, 2, 4))
+            sw = tl.reshape(_expand4(tl.reshape(signs[:, :, None] >> (4 * w), (BR * 8, 8))), (BR * 8, 4, 2, 4))
+            f = (((cw << (21 - 2 * b4)) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + code/4
+            a8 = (8.0 * dl)[:, None, None, None]
+            a50 = (50.0 * dl)[:, None, None, None]
+            mag = f * (f * a8 + a50) - a50                                                   # dl * (8, 25, 43)
+            val = (mag.to(tl.int32, bitcast=True) ^ ((sw << (31 - b4)) & -2147483648)).to(tl.float32, bitcast=True)
+            acc += val * tl.load(x_ptr + sb * 256 + xoff)
+        return tl.sum(tl.reshape(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), (BR, 8)), axis=1)
+
+
+@triton.jit
+def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
+    """Per tile row j of a [BR * NS, L] run tile: (byte offset of its row's first block, run index c)."""
+    j = tl.arange(0, BR * NS)
+    return expert_off + (row0 + j // NS).to(tl.int64) * row_bytes, j % NS
+
+
+@triton.jit
+def _split_x(xt):
+    """xt [256, 16] float32 -> (hi, lo fp16 [256,16], scale, inv float32 [16]) with
+    xt[:, j] * scale[j] = hi + lo up to 2^-22 of max |xt[:, j]|; scale * inv = 1, both powers of two."""
+    amax = tl.max(tl.abs(xt), axis=0)
+    e = tl.minimum((amax.to(tl.int32, bitcast=True) >> 23) & 255, 252)      # biased exponent of the max
+    scale = ((253 - e) << 23).to(tl.float32, bitcast=True)                 # 2^(126-e): |x * scale| < 1
+    inv = ((e + 1) << 23).to(tl.float32, bitcast=True)                     # 2^(e-126)
+    xs = xt * scale[None, :]
+    hi = xs.to(tl.float16)
+    lo = (xs - hi.to(tl.float32)).to(tl.float16)
+    return hi, lo, scale, inv
+
+
+@triton.jit
+def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, grid_ptr, ksigns_ptr,
+               TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
+    """acc [BR,16] += dequantized block rows [BR,256] @ x [256,16] on the tensor cores (see the module notes).
+    base, c: the run tile of the blocks (see _block_parts); rbase [BR]: byte offset of each row's block.
+    hi, lo: the split activations [256,16]; shi, slo: their sums over 16-value runs, split [16,16]."""
+    q, s, m, _, _ = _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE, L)
+    a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))          # exact integers, |a| < 2048
+    r = tl.dot(a, hi) + tl.dot(a, lo)
+    if TYPE == 10:
+        d = _ld_f16(ptr, rbase + 80)
+        dmin = _ld_f16(ptr, rbase + 82)
+    elif TYPE == 12:
+        d = _ld_f16(ptr, rbase)
+        dmin = _ld_f16(ptr, rbase + 2)
+    else:
+        d = _ld_f16(ptr, rbase) * 0.125
+    acc += d[:, None] * (r * inv[None, :])
+    if TYPE != 16:
+        # the min term: dmin * sum over runs of m[run] * (sum of x over the run), runs cut to 16 values
+        m16 = tl.reshape(tl.broadcast_to(m[:, None], (BR * NS, 16 // NS)), (BR, 16)).to(tl.float16)
+        rm = tl.dot(m16, shi) + tl.dot(m16, slo)
+        acc -= dmin[:, None] * (rm * inv[None, :])
+    return acc
+
+
+@triton.jit
+def _swiglu(g, u, clamp):
+    """silu(min(g, clamp)) * clamp(u, -clamp, clamp), the contract's asymmetric clamp."""
+    g = tl.minimum(g, clamp)
+    u = tl.minimum(tl.maximum(u, -clamp), clamp)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+# ---------------------------------------------------------------------------------------------------
+# Kernels
+
+@triton.jit
+def _moe_items(ids_ptr, order_ptr, cnt_ptr, P, ITEM_CAP: tl.constexpr, PB: tl.constexpr):
+    """Group the P (token, slot) pairs by expert (one program; PB >= P a power of two)."""
+    p = tl.arange(0, PB)
+    valid = p < P
+    e = tl.where(valid, tl.load(ids_ptr + p, mask=valid, other=0).to(tl.int32), 2 ** 30)  # padding sorts last
+    ea, eb = e[:, None], e[None, :]
+    pa, pb = p[:, None], p[None, :]
+    same = eb == ea
+    pos = tl.sum(((eb < ea) | (same & (pb < pa))).to(tl.int32), axis=1)   # sorted position of pair p
+    rank = tl.sum((same & (pb < pa)).to(tl.int32), axis=1)               # pairs of its expert before it
+    size = tl.sum(same.to(tl.int32), axis=1)
+    cnt = tl.where(rank % ITEM_CAP == 0, tl.minimum(size - rank, ITEM_CAP), 0)
+    tl.store(order_ptr + pos, p, mask=valid)
+    tl.store(cnt_ptr + pos, cnt, mask=valid)
+
+
+@triton.jit
+def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
+                       n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
+                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr):
+    """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t), float32 FMA."""
+    item = tl.program_id(0)
+    cnt = tl.load(cnt_ptr + item)
+    if cnt == 1:
+        pair = tl.load(order_ptr + item)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        x_ptr = v_ptr + (pair // n_slots).to(tl.int64) * (NSB * 256)
+        row0 = tl.program_id(1) * BR
+        g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR)
+        u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR)
+        w = tl.load(wts_ptr + pair)
+        tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
+
+
+@triton.jit
+def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
+                     D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr):
+    """Items of one pair: y[pair, rows] = down_e h[pair], float32 FMA."""
+    item = tl.program_id(0)
+    cnt = tl.load(cnt_ptr + item)
+    if cnt == 1:
+        pair = tl.load(order_ptr + item)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        row0 = tl.program_id(1) * BR
+        y = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_ptr + pair.to(tl.int64) * (NSB * 256),
+                      grid_ptr, ksigns_ptr, ONE, DT, NSB, BR)
+        tl.store(y_ptr + pair.to(tl.int64) * D + row0 + tl.arange(0, BR), y)
+
+
+@triton.jit
+def _load_split(x_ptr, xoff, pm):
+    """The 256 activations of a block for each of 16 pair slots, split for the tensor cores."""
+    kk = tl.arange(0, 256)
+    xt = tl.load(x_ptr + xoff[None, :] + kk[:, None], mask=pm[None, :], other=0.0)        # [256, 16]
+    hi, lo, scale, inv = _split_x(xt)
+    xs16 = tl.sum(tl.reshape(xt, (16, 16, 16)), axis=1) * scale[None, :]                  # run sums [16, 16]
+    shi = xs16.to(tl.float16)
+    slo = (xs16 - shi.to(tl.float32)).to(tl.float16)
+    return hi, lo, shi, slo, inv
+
+
+@triton.jit
+def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item):
+    """(slot mask [16], pairs [16], expert) of a multi-pair item."""
+    cnt = tl.load(cnt_ptr + item)
+    slot = tl.arange(0, 16)
+    pm = slot < cnt
+    pairs = tl.load(order_ptr + item + slot, mask=pm, other=0)
+    e = tl.load(ids_ptr + tl.load(order_ptr + item)).to(tl.int64)
+    return pm, pairs, e
+
+
+@triton.jit
+def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
+                      n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, NSB: tl.constexpr,
+                      GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
+                      UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
+                      BR: tl.constexpr):
+    """Items of 2..16 pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
+    item = tl.program_id(0)
+    cnt = tl.load(cnt_ptr + item)
+    if cnt >= 2:
+        D = NSB * 256
+        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
+        xoff = (pairs // n_slots).to(tl.int64) * D
+        row0 = tl.program_id(1) * BR
+        rows = row0 + tl.arange(0, BR)
+        gbase, gc = _runs(row0, e * gate_expert_bytes, NSB * GBS, BR, GNS)
+        ubase, uc = _runs(row0, e * up_expert_bytes, NSB * UBS, BR, UNS)
+        grow = e * gate_expert_bytes + rows.to(tl.int64) * (NSB * GBS)
+        urow = e * up_expert_bytes + rows.to(tl.int64) * (NSB * UBS)
+        accg = tl.zeros([BR, 16], tl.float32)
+        accu = tl.zeros([BR, 16], tl.float32)
+        for sb in range(0, NSB):
+            hi, lo, shi, slo, inv = _load_split(v_ptr + sb * 256, xoff, pm)
+            accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
+                              grid_ptr, ksigns_ptr, GT, GNS, GL, BR)
+            accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
+                              grid_ptr, ksigns_ptr, UT, UNS, UL, BR)
+        w = tl.load(wts_ptr + pairs, mask=pm, other=0.0)
+        h = w[None, :] * _swiglu(accg, accu, clamp)
+        tl.store(h_ptr + pairs.to(tl.int64)[None, :] * F + rows[:, None], h, mask=pm[None, :])
+
+
+@triton.jit
+def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
+                    D, down_expert_bytes, NSB: tl.constexpr,
+                    DT: tl.constexpr, DBS: tl.constexpr, DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr):
+    """Items of 2..16 pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
+    item = tl.program_id(0)
+    cnt = tl.load(cnt_ptr + item)
+    if cnt >= 2:
+        F = NSB * 256
+        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
+        xoff = pairs.to(tl.int64) * F
+        row0 = tl.program_id(1) * BR
+        rows = row0 + tl.arange(0, BR)
+        base, c = _runs(row0, e * down_expert_bytes, NSB * DBS, BR, DNS)
+        rbase = e * down_expert_bytes + rows.to(tl.int64) * (NSB * DBS)
+        acc = tl.zeros([BR, 16], tl.float32)
+        for sb in range(0, NSB):
+            hi, lo, shi, slo, inv = _load_split(h_ptr + sb * 256, xoff, pm)
+            acc = _mma_block(acc, down_ptr, base + sb * DBS, c, rbase + sb * DBS, hi, lo, shi, slo, inv,
+                             grid_ptr, ksigns_ptr, DT, DNS, DL, BR)
+        tl.store(y_ptr + pairs.to(tl.int64)[None, :] * D + rows[:, None], acc, mask=pm[None, :])
+
+
+@triton.jit
+def _dequant_rows(ptr, out_ptr, n_rows, K, grid_ptr, ksigns_ptr,
+                  TYPE: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
+    """out[rows, block sb] = the dequantized values (rows past n_rows read the last row, are not stored)."""
+    row0 = tl.program_id(0) * BR
+    sb = tl.program_id(1)
+    j = tl.arange(0, BR * NS)
+    rows = row0 + j // NS
+    c = j % NS
+    base = tl.minimum(rows, n_rows - 1).to(tl.int64) * ((K // 256) * BS) + sb * BS
+    q, s, m, d, dmin = _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE, L)
+    w = (d * s)[:, None] * q - (dmin * m)[:, None]
+    out = out_ptr + (rows.to(tl.int64) * K + sb * 256 + L * c)[:, None] + tl.arange(0, L)[None, :]
+    tl.store(out, w, mask=(rows < n_rows)[:, None])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python entry points
+
+def _layout(ggml_type: int) -> tuple[int, int, int]:
+    if ggml_type not in LAYOUT:
+        raise ValueError(f"moe_triton: unsupported ggml type {ggml_type}; supported: Q2_K 10, Q4_K 12, IQ2_XXS 16")
+    return LAYOUT[ggml_type]
+
+
+def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: int, device) -> int:
+    """Validate an expert tensor [E, rows, row bytes]; returns the bytes of one expert."""
+    bs, _, _ = _layout(ggml_type)
+    want_row = cols // QK * bs
+    if t.dtype != torch.uint8 or t.dim() != 3 or tuple(t.shape[1:]) != (rows, want_row):
+        raise ValueError(f"moe_forward {name}: expected uint8 [E, {rows}, {want_row}], got {t.dtype} {list(t.shape)}")
+    if not t.is_contiguous() or t.device != device:
+        raise ValueError(f"moe_forward {name}: must be contiguous on {device}")
+    return rows * want_row
+
+
+def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
+                up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
+                clamp: float, *, single_br: int = SINGLE_BR, single_warps: int = SINGLE_WARPS,
+                multi_br: int = MULTI_BR, multi_warps: int = MULTI_WARPS) -> torch.Tensor:
+    """The ds4::MoE contract (plugins/moe.py). v: [T, D] f32; ids, weights: [T, k]; blocks uint8 as the
+    contract lays them out, all on one device. ids must lie in [0, E): they are not checked here (that would
+    need a host synchronization); the router guarantees it. Returns out [T, D] float32."""
+    if v.dim() != 2 or v.dtype != torch.float32:
+        raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
+    T, D = v.shape
+    if ids.dim() != 2 or ids.shape[0] != T or tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(f"moe_forward ids / weights: expected [{T}, k] each, got {list(ids.shape)} / {list(weights.shape)}")
+    if T < 1 or D % QK:
+        raise ValueError(f"moe_forward: need T >= 1 and D % 256 == 0, got T = {T}, D = {D}")
+    F = gate_blocks.shape[1]
+    device = v.device
+    ge = _check_blocks("gate_blocks", gate_blocks, gate_type, F, D, device)
+    ue = _check_blocks("up_blocks", up_blocks, up_type, F, D, device)
+    de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
+    if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
+        raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
+    k = ids.shape[1]
+    P = T * k
+    v = v.contiguous()
+    ids = ids.contiguous()
+    weights = weights.to(torch.float32).contiguous()
+    grid_tab, ksigns_tab = _tables(device)
+
+    item_cap = 1 if T == 1 else CAP
+    order = torch.empty(P, dtype=torch.int32, device=device)
+    cnt = torch.empty(P, dtype=torch.int32, device=device)
+    _moe_items[(1,)](ids, order, cnt, P, ITEM_CAP=item_cap, PB=max(16, triton.next_power_of_2(P)), num_warps=4)
+
+    h = torch.empty(P, F, dtype=torch.float32, device=device)
+    y = torch.empty(P, D, dtype=torch.float32, device=device)
+    gbs, gns, gl = LAYOUT[gate_type]
+    ubs, uns, ul = LAYOUT[up_type]
+    dbs, dns, dl = LAYOUT[down_type]
+    gu_args = (v, ids, weights, order, cnt, gate_blocks, up_blocks, h, grid_tab, ksigns_tab, k, F, ge, ue, float(clamp))
+    gu_meta = dict(NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul)
+    dn_args = (h, ids, order, cnt, down_blocks, y, grid_tab, ksigns_tab, D, de)
+    dn_meta = dict(NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl)
+    _moe_gateup_single[(P, F // single_br)](*gu_args[:-1], float(clamp), ONE_BITS, NSB=D // QK, GT=gate_type,
+                                            UT=up_type, BR=single_br, num_warps=single_warps)
+    if item_cap > 1:
+        _moe_gateup_multi[(P, F // multi_br)](*gu_args, **gu_meta, BR=multi_br, num_warps=multi_warps)
+    _moe_down_single[(P, D // single_br)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=single_br,
+                                          num_warps=single_warps)
+    if item_cap > 1:
+        _moe_down_multi[(P, D // multi_br)](*dn_args, **dn_meta, BR=multi_br, num_warps=multi_warps)
+    return y.view(T, k, D).sum(1)
+
+
+def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> torch.Tensor:
+    """blocks: uint8 [N, row bytes] (rows of whole 256-value blocks) -> float32 [N, cols] (dequantized)."""
+    bs, ns, l = _layout(ggml_type)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % bs:
+        raise ValueError(f"dequant_rows_triton: expected uint8 [N, n*{bs}], got {blocks.dtype} {list(blocks.shape)}")
+    blocks = blocks.contiguous()
+    n, K = blocks.shape[0], blocks.shape[1] // bs * QK
+    out = torch.empty(n, K, dtype=torch.float32, device=blocks.device)
+    if n:
+        grid_tab, ksigns_tab = _tables(blocks.device)
+        _dequant_rows[(triton.cdiv(n, br), K // QK)](blocks, out, n, K, grid_tab, ksigns_tab,
+                                                     TYPE=ggml_type, BS=bs, NS=ns, L=l, BR=br)
+    return out

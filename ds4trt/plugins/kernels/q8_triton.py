@@ -1,0 +1,128 @@
+"""Q8_0 matrix products in Triton, reading the GGUF blocks directly (attention projections, shared expert,
+LM head): out = x @ W.T for T = 1..16 rows of x.
+
+    q8_matmul(x [T, G*K] f32, w_blocks uint8 [N, K/32*34], N, K, groups=G) -> out [T, N] float32
+        Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
+        8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
+
+Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
+Blocks start at multiples of 34 bytes, so they are 2-byte aligned only: quants are read as uint16 pairs.
+
+Decoding, per value, is one FFMA: each uint16 pair is xor-ed with 0x8080 (so each byte holds q + 128),
+byte b is moved to bits 15..22 of 1.0f's bit pattern, giving f = 1 + (q + 128)/256, and
+value = f * 256d - 384d = q * d. Both products are exact (9 x 11 significant bits), so the dequantized value
+is bit-exact.
+
+T <= 4: float32 FMA over the decoded values, x rows padded to 1, 2 or 4 (each program: BR rows, all of K;
+no atomics).
+T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
+(operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
+carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+QK, BLOCK_BYTES = 32, 34
+NB = tl.constexpr(8)         # blocks per loop step: 256 values
+ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
+# (rows per program, warps): FMA kernel by padded row count TP; tensor-core kernel (T > 4). Chosen from the
+# compiled code (instructions per value, registers, no spills); scripts/bench_kernels.py can sweep them.
+FMA_CONFIG = {1: (16, 4), 2: (16, 4), 4: (8, 4)}
+MMA_BR, MMA_WARPS = 128, 8
+
+
+@triton.jit
+def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr):
+    """Blocks kb*NB .. kb*NB+NB-1 of each row in `rows` ([BR] int32, valid) -> ([BR*NB, 16, 2] float32 values,
+    [BR*NB] block-valid mask). Tile row j = r * NB + block."""
+    j = tl.arange(0, BR * NB)
+    blk = kb * NB + j % NB
+    valid = blk < NKB
+    r = tl.reshape(tl.broadcast_to(rows[:, None], (BR, NB)), (BR * NB,))
+    base = r.to(tl.int64) * (NKB * 34) + tl.where(valid, blk, 0) * 34
+    hw = tl.arange(0, 16)[None, :]
+    q2 = tl.load((w_ptr + (base + 2)[:, None] + 2 * hw).to(tl.pointer_type(tl.uint16))).to(tl.int32) ^ 0x8080
+    q2 = tl.reshape(tl.join(q2, q2), (BR * NB, 16, 2))                 # each pair repeated for its 2 bytes
+    b = tl.arange(0, 2)[None, None, :]
+    f = (((q2 << (15 - 8 * b)) & 0x007F8000) | ONE).to(tl.float32, bitcast=True)   # 1 + (q + 128) / 256
+    d = tl.load((w_ptr + base).to(tl.pointer_type(tl.float16))).to(tl.float32)
+    d = tl.where(valid, d, 0.0)
+    return f * (256.0 * d)[:, None, None] - (384.0 * d)[:, None, None], valid
+
+
+@triton.jit
+def _q8_fma(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr, TP: tl.constexpr):
+    """out[0:T, rows] for T <= TP <= 4 rows of x: float32 FMA, x rows padded to TP (masked)."""
+    row0 = tl.program_id(0) * BR
+    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
+    K = NKB * 32
+    j = tl.arange(0, BR * NB)
+    t = tl.arange(0, TP)
+    t4 = t[None, None, None, :]
+    x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
+    xoff = ((32 * (j % NB))[:, None, None, None] + 2 * tl.arange(0, 16)[None, :, None, None]
+            + tl.arange(0, 2)[None, None, :, None] + t4.to(tl.int64) * (K * (N // rows_per_group)))
+    acc = tl.zeros([BR * NB, 16, 2, TP], tl.float32)
+    for kb in range(0, (NKB + NB - 1) // NB):
+        val, valid = _decode(w_ptr, rows, kb, ONE, NKB, BR)
+        x = tl.load(x_rows + kb * (NB * 32) + xoff, mask=valid[:, None, None, None] & (t4 < T), other=0.0)
+        acc += val[:, :, :, None] * x
+    y = tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, NB, TP)), axis=1)     # [BR, TP]
+    out_rows = row0 + tl.arange(0, BR)
+    tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], y,
+             mask=(out_rows < N)[:, None] & (t < T)[None, :])
+
+
+@triton.jit
+def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr):
+    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3)."""
+    row0 = tl.program_id(0) * BR
+    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
+    K = NKB * 32
+    t = tl.arange(0, 16)
+    tmask = t < T
+    x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
+    kk = tl.arange(0, NB * 32)
+    acc = tl.zeros([BR, 16], tl.float32)
+    for kb in range(0, (NKB + NB - 1) // NB):
+        val, _ = _decode(w_ptr, rows, kb, ONE, NKB, BR)
+        w2 = tl.reshape(val, (BR, NB * 32))
+        k = kb * (NB * 32) + kk
+        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)   # [256, 16]
+        acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
+    out_rows = row0 + tl.arange(0, BR)
+    tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], acc,
+             mask=(out_rows < N)[:, None] & tmask[None, :])
+
+
+def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
+              config: tuple[int, int] | None = None) -> torch.Tensor:
+    """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N].
+    config: (rows per program, warps) to override the defaults (benchmark sweeps)."""
+    if K % QK or N % groups:
+        raise ValueError(f"q8_matmul: K = {K} must be a multiple of 32 and N = {N} of groups = {groups}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
+        raise ValueError(f"q8_matmul x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
+    if w_blocks.dtype != torch.uint8 or w_blocks.numel() != N * (K // QK) * BLOCK_BYTES:
+        raise ValueError(f"q8_matmul w_blocks: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes, "
+                         f"got {w_blocks.dtype} {list(w_blocks.shape)}")
+    if w_blocks.device != x.device:
+        raise ValueError("q8_matmul: x and w_blocks are on different devices")
+    T = x.shape[0]
+    rows_per_group = N // groups
+    x, w_blocks = x.contiguous(), w_blocks.contiguous()
+    out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    tp = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 0
+    br, warps = config or (FMA_CONFIG[tp] if tp else (MMA_BR, MMA_WARPS))
+    if groups > 1 and rows_per_group % br:
+        raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
+    args = (x, w_blocks, out, T, N, rows_per_group, ONE_BITS)
+    if tp:
+        _q8_fma[(triton.cdiv(N, br),)](*args, NKB=K // QK, BR=br, TP=tp, num_warps=warps)
+    else:
+        _q8_multi[(triton.cdiv(N, br),)](*args, NKB=K // QK, BR=br, num_warps=warps)
+    return out
