@@ -14,6 +14,10 @@ manifest.json keys:
     created                     UTC time of the build
     tools                       versions that built it: ds4trt, python, torch, onnx, onnxruntime, gguf, ...
     tensorrt                    {"version": null, "compute_capability": null}: filled by TensorRT builds
+                                (backend "tensorrt"; checked by tensorrt_info, not by load):
+                                {"version": trt.__version__, "compute_capability": "major.minor" of the build GPU,
+                                 "version_compatible": bool, "engines": {role: file name listed in files},
+                                 "profiles": [{"name", "min", "opt", "max"}: T range of engine profile i], ...}
     sources                     [{"role": "target"|"mtp", "file": name, "size": bytes, "sha256": hex}]
     model                       ModelConfig fields (model/config.py)
     numerics                    "ds4" | "float" (baked into the graphs)
@@ -28,7 +32,8 @@ manifest.json keys:
 
 `load(dir)` checks everything a loader relies on and raises one-line Ds4Errors: a missing manifest or file, an
 unreadable or malformed manifest, an unknown format version, a file whose size or sha256 differs from the
-manifest. Whether a backend can load it is the runtime's check (runtime/backends/).
+manifest. Whether a backend can load it is the runtime's check (runtime/backends/); the TensorRT fields are
+checked by tensorrt_info(manifest) when a TensorRT runtime or build reads them.
 """
 
 from __future__ import annotations
@@ -98,7 +103,8 @@ class _Check:
         return v
 
 
-_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array", (int, float): "a number"}
+_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array", (int, float): "a number",
+               bool: "true or false"}
 
 
 def _show(v) -> str:
@@ -207,3 +213,73 @@ def load(directory, verify_hashes: bool = True) -> Manifest:
             raise Ds4Error(f"{f}: sha256 differs from the manifest's {digest[:12]}...: "
                            "the file changed after the build; rebuild with ds4-build")
     return Manifest(directory, data, backend, ctx, numerics, graphs)
+
+
+# ---- TensorRT fields (backend "tensorrt": export/tensorrt.py writes them, runtime/backends/tensorrt.py reads them)
+
+@dataclass(frozen=True)
+class TensorRTInfo:
+    version: str                        # trt.__version__ of the build
+    compute_capability: str             # "major.minor" of the build GPU
+    version_compatible: bool            # built with BuilderFlag.VERSION_COMPATIBLE (lean runtime embedded)
+    engines: dict[str, Path]            # role -> engine file
+    profiles: list[dict]                # engine profile i: {"name", "min", "opt", "max"} (T range)
+
+    def profile_for(self, T: int) -> int:
+        """The profile a step of T tokens runs on: the narrowest T range holding T (decode before prefill for
+        T = 1). Past the largest profile: a one-line Ds4Error."""
+        fits = [i for i, p in enumerate(self.profiles) if p["min"] <= T <= p["max"]]
+        if not fits:
+            top = max(self.profiles, key=lambda p: p["max"])
+            raise Ds4Error(f"a step of {T} tokens is outside the TensorRT profiles (the largest, {top['name']}, "
+                           f"takes T <= {top['max']}): prefill in chunks of at most {top['max']} tokens, or rebuild "
+                           "with ds4-build --from-onnx DIR --backend tensorrt --prefill-chunk N / --mtp-draft-max N")
+        return min(fits, key=lambda i: (self.profiles[i]["max"] - self.profiles[i]["min"], i))
+
+
+def tensorrt_info(m: Manifest) -> TensorRTInfo:
+    """The `tensorrt` key of a backend "tensorrt" manifest, checked: one-line Ds4Errors as load()'s."""
+    check = _Check(m.directory / MANIFEST)
+    if m.backend != "tensorrt":
+        raise Ds4Error(f"{check.path}: backend {m.backend!r} has no TensorRT engines "
+                       f"(build them with ds4-build --from-onnx {m.directory} --backend tensorrt)")
+    t = check.get(m.data, "tensorrt", dict)
+    version = check.get(t, "version", str, "tensorrt")
+    cc = check.get(t, "compute_capability", str, "tensorrt")
+    parts = cc.split(".")
+    if len(parts) != 2 or not all(x.isdigit() for x in parts):
+        check.fail("tensorrt.compute_capability", 'a "major.minor" string', cc)
+    if not version or not version.split(".")[0].isdigit():
+        check.fail("tensorrt.version", "a TensorRT version string", version)
+    vc = check.get(t, "version_compatible", bool, "tensorrt")
+    engines = check.get(t, "engines", dict, "tensorrt")
+    if set(engines) != set(m.graphs):
+        check.fail("tensorrt.engines", f"one engine per graph ({', '.join(m.graphs)})", sorted(engines))
+    for role, name in engines.items():
+        if not isinstance(name, str) or name not in m.data["files"]:
+            raise Ds4Error(f"{check.path}: tensorrt.engines.{role} {_show(name)} is not listed in files")
+    profiles = check.get(t, "profiles", list, "tensorrt")
+    if not profiles:
+        check.fail("tensorrt.profiles", "a non-empty array", profiles)
+    names = set()
+    for i, p in enumerate(profiles):
+        w = f"tensorrt.profiles[{i}]"
+        name = check.get(p, "name", str, w)
+        lo, opt, hi = (check.get(p, k, int, w) for k in ("min", "opt", "max"))
+        if not 1 <= lo <= opt <= hi <= m.ctx:
+            check.fail(w, f"1 <= min <= opt <= max <= ctx {m.ctx}", p)
+        if name in names:
+            check.fail(f"{w}.name", "a name used once", name)
+        names.add(name)
+    return TensorRTInfo(version, cc, vc, {r: m.directory / n for r, n in engines.items()},
+                        [{k: p[k] for k in ("name", "min", "opt", "max")} for p in profiles])
+
+
+def backend_of(directory) -> str | None:
+    """The `backend` of DIR/manifest.json without validating anything (None if unreadable): which runtime to
+    hand the directory to; that runtime's load() then checks everything."""
+    try:
+        backend = json.loads((Path(directory) / MANIFEST).read_text()).get("backend")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    return backend if isinstance(backend, str) else None

@@ -18,6 +18,7 @@ from pathlib import Path
 from ds4trt.errors import Ds4Error
 from ds4trt.export import manifest as M
 from ds4trt.export import onnx as X
+from ds4trt.export.tensorrt import TrtOptions, build_engines, import_tensorrt
 from ds4trt.export.trt_ops import check_tensorrt_ops
 from ds4trt.model.transformer import NUMERICS
 from ds4trt.model.weights import load_mtp, load_target
@@ -80,11 +81,7 @@ def _require_backend(backend: str) -> None:
     if backend not in M.BACKENDS:
         raise Ds4Error(f"--backend must be one of {', '.join(M.BACKENDS)}, got {backend!r}")
     if backend == "tensorrt":
-        try:
-            import tensorrt  # noqa: F401
-        except ImportError:
-            raise Ds4Error("TensorRT is not installed (import tensorrt failed)") from None
-        raise Ds4Error("the TensorRT backend is not implemented yet: build with --backend onnxruntime")
+        import_tensorrt()                    # the one-line error where TensorRT is missing
 
 
 def _chat_settings(tok: Tokenizer) -> dict:
@@ -93,7 +90,9 @@ def _chat_settings(tok: Tokenizer) -> dict:
 
 
 def build(gguf, out, mtp=None, backend: str = "onnxruntime", ctx: int = 4096, numerics: str = "ds4",
-          progress: Progress | None = None) -> BuildReport:
+          progress: Progress | None = None, trt: TrtOptions | None = None) -> BuildReport:
+    """The ONNX engine directory, and for backend "tensorrt" its engines (export/tensorrt.py): the directory is
+    first written as an onnxruntime one, so a failed TensorRT build leaves the export usable (--from-onnx)."""
     t0 = time.perf_counter()
     progress = progress or Progress()
     _require_backend(backend)
@@ -157,7 +156,7 @@ def build(gguf, out, mtp=None, backend: str = "onnxruntime", ctx: int = 4096, nu
         sources_json.append({"role": role, "file": f.path.name, "size": f.file_size,
                              "sha256": M.sha256_file(f.path, progress.advance)})
     manifest = {
-        "format": M.FORMAT, "format_version": M.FORMAT_VERSION, "backend": backend,
+        "format": M.FORMAT, "format_version": M.FORMAT_VERSION, "backend": "onnxruntime",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tools": _versions(), "tensorrt": {"version": None, "compute_capability": None},
         "sources": sources_json,
@@ -170,6 +169,8 @@ def build(gguf, out, mtp=None, backend: str = "onnxruntime", ctx: int = 4096, nu
         "chat": _chat_settings(tokenizer),
     }
     M.write(out, manifest)
+    if backend == "tensorrt":
+        M.write(out, build_engines(out, manifest, trt, progress))
     report.files = {name: e["size"] for name, e in files.items()} | {M.MANIFEST: (out / M.MANIFEST).stat().st_size}
     report.seconds = time.perf_counter() - t0
     for f in (target_file, mtp_file):
