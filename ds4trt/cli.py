@@ -24,7 +24,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds4-run", description="Run DeepSeek V4 Flash (ds4 GGUF files).")
     p.add_argument("--gguf", help="target model GGUF (default: the bundled demo model in models/)")
     p.add_argument("--engines", metavar="DIR",
-                   help="run an engine directory written by ds4-build (ONNX Runtime) instead of --gguf")
+                   help="run an engine directory written by ds4-build (ONNX Runtime or TensorRT, as its manifest "
+                        "says) instead of --gguf")
     p.add_argument("--mtp", help="MTP head GGUF for speculative decoding")
     p.add_argument("-p", "--prompt", help="prompt; without it, an interactive multi-turn chat on stdin")
     p.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (default 256)")
@@ -196,12 +197,17 @@ def _context(args, engine) -> int:
 
 def _open_engine(args, gguf, mtp):
     """The Engine: from GGUF files, or with --engines from an engine directory written by ds4-build (ONNX
-    Runtime; the session's context is the one the directory was built for)."""
+    Runtime or TensorRT by its manifest's backend; the session's context is the one the directory was built for)."""
     from ds4trt.runtime.session import Engine
 
     if not args.engines:
         return Engine.open(gguf, mtp, numerics=args.numerics)
-    from ds4trt.runtime.backends.onnxruntime import open_engine
+    from ds4trt.export.manifest import backend_of
+
+    if backend_of(args.engines) == "tensorrt":
+        from ds4trt.runtime.backends.tensorrt import open_engine
+    else:
+        from ds4trt.runtime.backends.onnxruntime import open_engine
 
     engine = open_engine(args.engines)
     if mtp is None:
@@ -327,18 +333,33 @@ def run_main(argv: list[str] | None = None) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds4-build", description="Export ds4 GGUF files to an engine directory "
-                                "(ONNX step graphs + weights + tokenizer + manifest.json) for ds4-run --engines.")
-    p.add_argument("--gguf", required=True, help="target model GGUF")
+                                "(ONNX step graphs + weights + tokenizer + manifest.json) for ds4-run --engines; "
+                                "with --backend tensorrt also the TensorRT engines (this machine's GPU and TensorRT).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="target model GGUF")
+    src.add_argument("--from-onnx", metavar="DIR",
+                     help="(re)build the TensorRT engines of an existing engine directory in place, from its ONNX "
+                          "graphs (on the device: scripts/jetson_build.sh); needs --backend tensorrt")
     p.add_argument("--mtp", help="MTP head GGUF: also export the MTP step graph")
-    p.add_argument("--out", required=True, help="engine directory to write")
+    p.add_argument("--out", help="engine directory to write (with --gguf)")
     p.add_argument("--backend", choices=("onnxruntime", "tensorrt"), default="onnxruntime",
-                   help="runtime the engines are for (default onnxruntime; tensorrt: not implemented yet)")
+                   help="runtime the engines are for (default onnxruntime)")
     p.add_argument("--ctx", type=int, default=4096, help="maximum context: the cache shapes (default 4096)")
     p.add_argument("--numerics", choices=("ds4", "float"), default="ds4",
                    help="ds4: FP8 KV and FP4 indexer rounding as ds4 does (default); float: none")
     p.add_argument("--check", action="store_true",
                    help="compare every graph in ONNX Runtime with the PyTorch reference on random inputs "
-                        "(polygraphy); reference inputs/outputs are saved to OUT/check/")
+                        "(polygraphy); reference inputs/outputs are saved to OUT/check/; with --backend tensorrt "
+                        "the engines are then compared with those saved outputs")
+    trt = p.add_argument_group("TensorRT (--backend tensorrt)")
+    trt.add_argument("--mtp-draft-max", type=int, default=8,
+                     help="largest ds4-run --mtp-draft the verify profile serves: T = 2..N+1 (default 8)")
+    trt.add_argument("--prefill-chunk", type=int, default=256,
+                     help="largest step (the prefill profile's T), at most --ctx (default 256, ds4-run's chunk)")
+    trt.add_argument("--version-compatible", action="store_true",
+                     help="embed the lean runtime: the engines also run on later TensorRT versions (maybe slower)")
+    trt.add_argument("--timing-cache", metavar="FILE", help="TensorRT timing cache to reuse and update "
+                     "(default DIR/timing.cache)")
     return p
 
 
@@ -368,13 +389,41 @@ class _Bar:
             self.bar = None
 
 
+def _print_tensorrt(directory) -> None:
+    from ds4trt.export import manifest as M
+
+    info = M.tensorrt_info(M.load(directory, verify_hashes=False))
+    ranges = ", ".join(f"{p['name']} T {p['min']}..{p['max']}" for p in info.profiles)
+    print(f"TensorRT {info.version} engines for compute capability {info.compute_capability}"
+          f"{' (version-compatible)' if info.version_compatible else ''}: "
+          f"{', '.join(p.name for p in info.engines.values())}; profiles {ranges}")
+
+
 def build(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from ds4trt.export.package import build as build_engine
+    from ds4trt.export.tensorrt import TrtOptions
 
+    trt = TrtOptions(args.mtp_draft_max, args.prefill_chunk, args.version_compatible, args.timing_cache)
+    if args.from_onnx:
+        if args.backend != "tensorrt":
+            raise Ds4Error("--from-onnx builds TensorRT engines: pass --backend tensorrt")
+        if args.out is not None and Path(args.out).resolve() != Path(args.from_onnx).resolve():
+            raise Ds4Error("--from-onnx builds in place: leave out --out (or give the same directory)")
+        if args.mtp:
+            raise Ds4Error("--from-onnx takes the graphs the directory has: leave out --mtp")
+        from ds4trt.export.tensorrt import rebuild
+
+        bar = _Bar()
+        rebuild(args.from_onnx, trt, bar)
+        bar._close()
+        _print_tensorrt(args.from_onnx)
+        return _check_tensorrt(args.from_onnx) if args.check else 0
+    if args.out is None:
+        raise Ds4Error("--out DIR is required with --gguf")
     bar = _Bar()
     report = build_engine(args.gguf, args.out, mtp=args.mtp, backend=args.backend, ctx=args.ctx,
-                          numerics=args.numerics, progress=bar)
+                          numerics=args.numerics, progress=bar, trt=trt)
     bar._close()
     size = lambda n: f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"  # noqa: E731
     print(f"engine directory {report.out} ({args.backend}, ctx {args.ctx}, {args.numerics} numerics) "
@@ -389,6 +438,8 @@ def build(argv: list[str] | None = None) -> int:
             print(f"  {line}")
     else:
         print("TensorRT ONNX parser support: every op and input type is in the support matrix (or a ds4 plugin)")
+    if args.backend == "tensorrt":
+        _print_tensorrt(args.out)
     if not args.check:
         return 0
     from ds4trt.export.check import TOL, check_engine
@@ -403,6 +454,27 @@ def build(argv: list[str] | None = None) -> int:
     for r in failed:
         print(f"check FAILED: {r.graph} T={r.T} {r.output}: {r.rel:.2e}, {r.flips:.1%} of elements beyond")
     print(f"check: reference inputs and outputs saved in {Path(args.out) / 'check'} (polygraphy JSON)")
+    if args.backend == "tensorrt" and _check_tensorrt(args.out):
+        return 1
+    return 1 if failed else 0
+
+
+def _check_tensorrt(directory) -> int:
+    """The engines against the ONNX Runtime outputs an earlier --check saved in DIR/check (export/tensorrt.py)."""
+    from ds4trt.export.check import TOL
+    from ds4trt.export.tensorrt import compare_with_saved
+
+    if not (Path(directory) / "check").is_dir():
+        raise Ds4Error(f"{directory}/check is missing: run ds4-build --gguf ... --check once to save the reference "
+                       "inputs and outputs")
+    results = compare_with_saved(directory)
+    for g in dict.fromkeys(r.graph for r in results):
+        worst = max(r.rel for r in results if r.graph == g)
+        print(f"check {g}: TensorRT vs ONNX Runtime (saved), max |diff| / max |ref| {worst:.1e} (tolerance {TOL:g}; "
+              "ds4 numerics: rows may differ by one FP8 rounding step in up to 1% of elements)")
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        print(f"check FAILED: TensorRT {r.graph} T={r.T} {r.output}: {r.rel:.2e}, {r.flips:.1%} of elements beyond")
     return 1 if failed else 0
 
 
