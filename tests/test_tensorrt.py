@@ -448,13 +448,20 @@ def _moe_case(types3, T, seed=0, E=6, F=256, D=512, k=2):
 
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("T", [1, 3, P.KERNEL_MAX_T + 4])
-def test_plugin_host_entry_equals_the_reference(mix, T):
+def test_plugin_impl_and_host_entry_equal_the_reference(mix, T):
     (v, ids, w, gate, up, down), attrs = _moe_case(MIXES[mix], T, seed=T)
     want = moe.moe_reference(v, ids, w, gate, up, down, **attrs.reference_kwargs())
     words = [torch.from_numpy(P.pack_words(b).copy()) for b in (gate, up, down)]   # what TensorRT hands over
     out = torch.full((T, attrs.n_embd), float("nan"))
     P.moe_host(torch.from_numpy(v), torch.from_numpy(ids), torch.from_numpy(w), *words, attrs, out)
     assert np.array_equal(out.numpy(), want)
+    # the registered implementation's body, as TensorRT calls it (attributes as the parser's int32 / float32
+    # fields become after tensorrt.plugin's int() / float()), on CPU tensors
+    out2 = torch.full((T, attrs.n_embd), float("nan"))
+    values = [np.int32(getattr(attrs, a)) if a != "clamp" else np.float32(attrs.clamp) for a in moe.ATTRIBUTES]
+    P.plugin_impl(torch.from_numpy(v), torch.from_numpy(ids), torch.from_numpy(w), *words,
+                  *[int(x) if isinstance(x, np.integer) else float(x) for x in values], (out2,), 0, device="cpu")
+    assert np.array_equal(out2.numpy(), want)
     # the words are views: unpacking shares their memory
     assert P.unpack_words(words[0], attrs.block_shapes()[0]).data_ptr() == words[0].data_ptr()
     with pytest.raises(ValueError, match=r"expected int32 \[\d+\] block words"):

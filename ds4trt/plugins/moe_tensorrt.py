@@ -3,10 +3,11 @@ whose implementation calls the Triton kernel (plugins/kernels/moe_triton.py moe_
 
     register()          defines the plugin in TensorRT's registry (once per process; imports tensorrt)
     plugin_attributes(node)   the typed attributes of an exported ds4::MoE ONNX node, checked
+    plugin_impl(v, ids, ..., clamp, outputs, stream, device="cuda")
+                        the registered implementation's body, callable without TensorRT (tests: CPU tensors)
     moe_host(v, ids, weights, gate_words, up_words, down_words, attrs, out)
-                        the plugin's computation on torch tensors, without TensorRT: what the registered
-                        implementation calls on TensorRT's buffers (CUDA: the Triton kernel; CPU: the
-                        contract's numpy reference, for tests)
+                        the computation on torch tensors (CUDA: the Triton kernel; CPU: the contract's numpy
+                        reference)
 
 Why a JIT Python plugin (@trtp.impl), not @trtp.aot_impl nor a C++ IPluginV3:
   - moe_forward is a Python launcher of four or five Triton kernels plus a torch reduction with torch
@@ -37,6 +38,7 @@ This module imports nothing of ds4trt but plugins/ (STYLE habit 13). It must not
 `from __future__ import annotations`: tensorrt.plugin reads the annotations as classes (issubclass).
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,10 +185,20 @@ def register() -> None:
     @trtp.impl(PLUGIN_ID)
     def _moe_impl(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type: int, up_type: int,
                   down_type: int, n_expert: int, expert_ff: int, n_embd: int, clamp: float, outputs, stream) -> None:
-        attrs = check_attrs(dict(gate_type=gate_type, up_type=up_type, down_type=down_type, n_expert=n_expert,
-                                 expert_ff=expert_ff, n_embd=n_embd, clamp=clamp))
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-            t = [torch.as_tensor(x, device="cuda") for x in (v, ids, weights, gate_blocks, up_blocks, down_blocks)]
-            moe_host(*t, attrs, torch.as_tensor(outputs[0], device="cuda"))
+        plugin_impl(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, n_expert,
+                    expert_ff, n_embd, clamp, outputs, stream)
 
     _REGISTERED = True
+
+
+def plugin_impl(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, n_expert,
+                expert_ff, n_embd, clamp, outputs, stream: int, device: str = "cuda") -> None:
+    """The registered implementation's body: TensorRT's buffers (trtp.Tensor, which exports
+    __cuda_array_interface__) viewed as torch tensors on `device`, the attributes checked, moe_host run on
+    TensorRT's stream. Tests call it with CPU torch tensors and device="cpu" (no stream)."""
+    attrs = check_attrs(dict(gate_type=gate_type, up_type=up_type, down_type=down_type, n_expert=n_expert,
+                             expert_ff=expert_ff, n_embd=n_embd, clamp=clamp))
+    on_stream = torch.cuda.stream(torch.cuda.ExternalStream(stream)) if device == "cuda" else nullcontext()
+    with on_stream:
+        t = [torch.as_tensor(x, device=device) for x in (v, ids, weights, gate_blocks, up_blocks, down_blocks)]
+        moe_host(*t, attrs, torch.as_tensor(outputs[0], device=device))

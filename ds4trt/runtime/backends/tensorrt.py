@@ -33,7 +33,8 @@ Streams: the engine runs on its own stream, ordered after the caller's current t
 
 CUDA graphs (STYLE habit 6): the decode, verify and draft contexts capture one graph per token count the first
 time it is seen, after that call ran eagerly once (the warm-up TensorRT asks for after a shape or address
-change, then capture of execute_async_v3 on a non-default stream: TensorRT developer guide, "CUDA Graphs").
+change, then capture of execute_async_v3 on a non-default stream: the TensorRT developer guide's "CUDA Graphs"
+best practice, summarized with its sources in shared/spec/anchors.md section 4e; not run here).
 Capture goes through torch.cuda.graph on the engine's stream, so the torch temporaries the Python MoE plugin
 allocates during capture come from the graph's private pool and stay reserved for it. Prefill chunks run
 eagerly. A capture that fails (an unsupported call in a kernel launcher) leaves that phase eager, with one note.
@@ -122,6 +123,10 @@ class TrtStep:
         self.arena = DeviceArena(self.plan, self.engine.device_memory_size_v2)
         self.stream = torch.cuda.Stream()
         self.contexts = []
+        # USER_MANAGED + set_device_memory(ptr, size): "256-byte aligned device memory ... at least as large as
+        # device_memory_size_v2 ... in use until enqueue returns; using the same memory for a parallel execution
+        # context" is undefined (python/docstrings/infer/pyCoreDoc.h, TensorRT >= 10.1). Our contexts never run in
+        # parallel (one stream), so they share one block: the largest profile's, not one per context.
         strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
         for i in range(len(info.profiles)):
             c = self.engine.create_execution_context(strategy)
