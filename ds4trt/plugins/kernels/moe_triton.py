@@ -1,7 +1,9 @@
 """ds4::MoE in Triton: the routed experts of one layer, read straight from the GGUF blocks.
 
-    moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp)
+    moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp,
+                out=None, workspace=None)
         -> out [T, D] float32; the contract of plugins/moe.py (inputs, byte layout, semantics), for T = 1..16
+    MoEWorkspace.create(T, k, D, F, device): the call's scratch, allocated once (CUDA graph capture)
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
@@ -51,6 +53,7 @@ as fp16 / uint16 (never as 4-byte words).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -160,9 +163,9 @@ def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.c
         mag = 8.0 + cf * (16.5 + 0.5 * cf)                                 # 8, 25, 43 (exact)
         q = tl.where(((signs[:, None] >> l) & 1) != 0, -mag, mag)
         s = _u2f(2 * (hi >> 12) + 1)
-        m = tl.zeros_like(s)
+        m = s * 0.0
         d = _ld_f16(ptr, base) * 0.125
-        dmin = tl.zeros_like(d)
+        dmin = d * 0.0
     return q, s, m, d, dmin
 
 
@@ -483,20 +486,40 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
     return rows * want_row
 
 
+@dataclass
+class MoEWorkspace:
+    """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
+    order, cnt: int32 [T*k] (the items); h: float32 [T*k, F]; y: float32 [T*k, D]."""
+    order: torch.Tensor
+    cnt: torch.Tensor
+    h: torch.Tensor
+    y: torch.Tensor
+
+    @classmethod
+    def create(cls, T: int, k: int, D: int, F: int, device) -> "MoEWorkspace":
+        P = T * k
+        return cls(torch.empty(P, dtype=torch.int32, device=device), torch.empty(P, dtype=torch.int32, device=device),
+                   torch.empty(P, F, dtype=torch.float32, device=device),
+                   torch.empty(P, D, dtype=torch.float32, device=device))
+
+
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
-                clamp: float, *, single_br: int = SINGLE_BR, single_warps: int = SINGLE_WARPS,
-                multi_br: int = MULTI_BR, multi_warps: int = MULTI_WARPS) -> torch.Tensor:
-    """The ds4::MoE contract (plugins/moe.py). v: [T, D] f32; ids, weights: [T, k]; blocks uint8 as the
-    contract lays them out, all on one device. ids must lie in [0, E): they are not checked here (that would
-    need a host synchronization); the router guarantees it. Returns out [T, D] float32."""
+                clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
+                single_config: tuple[int, int] = (SINGLE_BR, SINGLE_WARPS),
+                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS)) -> torch.Tensor:
+    """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
+    blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
+    float32 (written into `out` when given). ids must lie in [0, E): they are not checked here (that would
+    need a host synchronization); the router guarantees it. The configs are (rows per program, warps) of the
+    one-pair and the multi-pair kernels (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
     if ids.dim() != 2 or ids.shape[0] != T or tuple(weights.shape) != tuple(ids.shape):
         raise ValueError(f"moe_forward ids / weights: expected [{T}, k] each, got {list(ids.shape)} / {list(weights.shape)}")
-    if T < 1 or D % QK:
-        raise ValueError(f"moe_forward: need T >= 1 and D % 256 == 0, got T = {T}, D = {D}")
+    if not 1 <= T <= 16 or D % QK:
+        raise ValueError(f"moe_forward: need 1 <= T <= 16 and D % 256 == 0, got T = {T}, D = {D}")
     F = gate_blocks.shape[1]
     device = v.device
     ge = _check_blocks("gate_blocks", gate_blocks, gate_type, F, D, device)
@@ -504,36 +527,38 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
     if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
         raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
+    (sbr, swarps), (mbr, mwarps) = single_config, multi_config
+    if F % sbr or D % sbr or F % mbr or D % mbr:
+        raise ValueError(f"moe_forward: row tiles {sbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
     P = T * k
-    v = v.contiguous()
-    ids = ids.contiguous()
+    ws = workspace or MoEWorkspace.create(T, k, D, F, device)
+    if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,):
+        raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D})")
+    if out is not None and (out.shape != (T, D) or out.dtype != torch.float32):
+        raise ValueError(f"moe_forward out: expected float32 [{T}, {D}], got {out.dtype} {list(out.shape)}")
+    v, ids = v.contiguous(), ids.contiguous()
     weights = weights.to(torch.float32).contiguous()
     grid_tab, ksigns_tab = _tables(device)
 
     item_cap = 1 if T == 1 else CAP
-    order = torch.empty(P, dtype=torch.int32, device=device)
-    cnt = torch.empty(P, dtype=torch.int32, device=device)
-    _moe_items[(1,)](ids, order, cnt, P, ITEM_CAP=item_cap, PB=max(16, triton.next_power_of_2(P)), num_warps=4)
-
-    h = torch.empty(P, F, dtype=torch.float32, device=device)
-    y = torch.empty(P, D, dtype=torch.float32, device=device)
-    gbs, gns, gl = LAYOUT[gate_type]
-    ubs, uns, ul = LAYOUT[up_type]
-    dbs, dns, dl = LAYOUT[down_type]
-    gu_args = (v, ids, weights, order, cnt, gate_blocks, up_blocks, h, grid_tab, ksigns_tab, k, F, ge, ue, float(clamp))
-    gu_meta = dict(NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul)
-    dn_args = (h, ids, order, cnt, down_blocks, y, grid_tab, ksigns_tab, D, de)
-    dn_meta = dict(NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl)
-    _moe_gateup_single[(P, F // single_br)](*gu_args[:-1], float(clamp), ONE_BITS, NSB=D // QK, GT=gate_type,
-                                            UT=up_type, BR=single_br, num_warps=single_warps)
+    _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=item_cap, PB=max(16, triton.next_power_of_2(P)), num_warps=4)
+    gu_args = (v, ids, weights, ws.order, ws.cnt, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue,
+               float(clamp))
+    dn_args = (ws.h, ids, ws.order, ws.cnt, down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
+    _moe_gateup_single[(P, F // sbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=sbr,
+                                      num_warps=swarps)
     if item_cap > 1:
-        _moe_gateup_multi[(P, F // multi_br)](*gu_args, **gu_meta, BR=multi_br, num_warps=multi_warps)
-    _moe_down_single[(P, D // single_br)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=single_br,
-                                          num_warps=single_warps)
+        gbs, gns, gl = LAYOUT[gate_type]
+        ubs, uns, ul = LAYOUT[up_type]
+        _moe_gateup_multi[(P, F // mbr)](*gu_args, NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type,
+                                         UBS=ubs, UNS=uns, UL=ul, BR=mbr, num_warps=mwarps)
+    _moe_down_single[(P, D // sbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=sbr, num_warps=swarps)
     if item_cap > 1:
-        _moe_down_multi[(P, D // multi_br)](*dn_args, **dn_meta, BR=multi_br, num_warps=multi_warps)
-    return y.view(T, k, D).sum(1)
+        dbs, dns, dl = LAYOUT[down_type]
+        _moe_down_multi[(P, D // mbr)](*dn_args, NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl, BR=mbr,
+                                       num_warps=mwarps)
+    return torch.sum(ws.y.view(T, k, D), dim=1, out=out)
 
 
 def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> torch.Tensor:

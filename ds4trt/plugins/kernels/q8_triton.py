@@ -1,7 +1,7 @@
 """Q8_0 matrix products in Triton, reading the GGUF blocks directly (attention projections, shared expert,
 LM head): out = x @ W.T for T = 1..16 rows of x.
 
-    q8_matmul(x [T, G*K] f32, w_blocks uint8 [N, K/32*34], N, K, groups=G) -> out [T, N] float32
+    q8_matmul(x [T, G*K] f32, w_blocks uint8 [N, K/32*34], N, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
 
@@ -100,9 +100,9 @@ def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexp
 
 
 def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
-              config: tuple[int, int] | None = None) -> torch.Tensor:
-    """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N].
-    config: (rows per program, warps) to override the defaults (benchmark sweeps)."""
+              out: torch.Tensor | None = None, config: tuple[int, int] | None = None) -> torch.Tensor:
+    """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N]
+    (written into `out` when given). config: (rows per program, warps), overriding the defaults (sweeps)."""
     if K % QK or N % groups:
         raise ValueError(f"q8_matmul: K = {K} must be a multiple of 32 and N = {N} of groups = {groups}")
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
@@ -115,9 +115,14 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
     T = x.shape[0]
     rows_per_group = N // groups
     x, w_blocks = x.contiguous(), w_blocks.contiguous()
-    out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    if out is None:
+        out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     tp = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 0
     br, warps = config or (FMA_CONFIG[tp] if tp else (MMA_BR, MMA_WARPS))
+    while groups > 1 and rows_per_group % br and br > 16:
+        br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
     args = (x, w_blocks, out, T, N, rows_per_group, ONE_BITS)

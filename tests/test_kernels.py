@@ -1,0 +1,355 @@
+"""Triton kernels (plugins/kernels): ds4::MoE and the Q8_0 matmul against float64 references.
+
+Where they run: on a CUDA GPU, all of them, Flash widths included (scripts/gpu_kernels.sh on the H200). Without
+a GPU, a small-shape subset runs under Triton's interpreter on CPU when triton is installed and
+DS4_TRITON_INTERPRET=1, plus a check that every kernel variant compiles for sm_90 (ptxas from the triton
+wheel; no GPU needed). Otherwise (CI: no triton) every test skips and says why.
+
+Inputs are fresh seeded random blocks, never zeros: expert blocks from testing.tiny_gguf.random_quant (std
+1/sqrt(fan-in)), Q8_0 blocks with random int8 quants and f16 scales drawn around std/73 (never zero);
+v ~ 3 N(0, 1) so that the SwiGLU clamps bite; routing weights ~ U(0.1, 1). Every output and scratch buffer is
+filled with NaN before the call, so an element the kernels fail to write fails the check.
+
+Tolerance: max |out - ref| / max |ref| <= 1e-5, the ds4::MoE contract's, against float64 (the dequantized
+blocks from gguf.quants, upcast; float64 products). The kernels accumulate in float32 and their tensor-core
+paths carry the weights exactly and the activations to ~2^-22 (see the modules' notes), so measured errors
+sit near 1e-6; 1e-5 leaves room for float32 summation over K = 8192 without hiding a wrong value (one wrong
+block changes the result by ~1e-2 or more).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from ds4trt.plugins import moe as moe_op
+from ds4trt.testing.tiny_gguf import random_quant
+
+if os.environ.get("DS4_TRITON_INTERPRET") == "1" and not torch.cuda.is_available():
+    # read when @triton.jit decorates a function (triton's own library too): so before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+GPU = HAVE_TRITON and torch.cuda.is_available()
+INTERP = HAVE_TRITON and not GPU and os.environ.get("TRITON_INTERPRET") == "1"
+if GPU or INTERP:
+    from ds4trt.plugins.kernels import moe_triton, q8_triton
+
+DEVICE = "cuda" if GPU else "cpu"
+_WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
+        + ("" if HAVE_TRITON else " (triton is not installed here)")
+        + ("; or set DS4_TRITON_INTERPRET=1 for the CPU-interpreter subset" if HAVE_TRITON else ""))
+pytestmark = pytest.mark.skipif(not (GPU or INTERP), reason=_WHY)
+gpu_only = pytest.mark.skipif(not GPU, reason="Flash widths: needs a CUDA GPU (scripts/gpu_kernels.sh)")
+
+Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16
+MIXES = {"iq2_iq2_q2k": (IQ2_XXS, IQ2_XXS, Q2_K), "q4k": (Q4_K, Q4_K, Q4_K), "q2k": (Q2_K, Q2_K, Q2_K)}
+TOL = 1e-5
+CLAMP = 10.0
+T_GPU = (1, 2, 3, 4, 8, 16)
+T_INTERP = (1, 3, 5)
+
+
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(got).all(), "unwritten (NaN-poisoned) or non-finite outputs"
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def _deq(blocks: np.ndarray, ggml_type: int) -> np.ndarray:
+    return gguf_quants.dequantize(np.ascontiguousarray(blocks), GGMLQuantizationType(ggml_type))
+
+
+def _nan(*shape) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=torch.float32, device=DEVICE)
+
+
+def _poisoned_workspace(T, k, D, F):
+    ws = moe_triton.MoEWorkspace.create(T, k, D, F, DEVICE)
+    ws.h.fill_(float("nan"))
+    ws.y.fill_(float("nan"))
+    ws.order.fill_(-1)
+    ws.cnt.fill_(-1)
+    return ws
+
+
+def _moe_ref64(v, ids, w, deq, clamp):
+    """float64 contract: deq[e] = (gate [F, D], up [F, D], down [D, F]) float64 tensors."""
+    v, w = v.double(), w.double()
+    out = torch.zeros_like(v)
+    for t in range(v.shape[0]):
+        for j in range(ids.shape[1]):
+            gate, up, down = deq[int(ids[t, j])]
+            g = torch.clamp(gate @ v[t], max=clamp)
+            u = torch.clamp(up @ v[t], -clamp, clamp)
+            out[t] += down @ (w[t, j] * g / (1 + torch.exp(-g)) * u)
+    return out
+
+
+def _run_moe(v, ids, w, blocks, types):
+    T, D = v.shape
+    F = blocks[0].shape[1]
+    out = _nan(T, D)
+    got = moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out,
+                                 workspace=_poisoned_workspace(T, ids.shape[1], D, F))
+    assert got.data_ptr() == out.data_ptr()
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block decoding
+
+@pytest.mark.parametrize("ggml_type", [Q2_K, Q4_K, IQ2_XXS], ids=["q2k", "q4k", "iq2xxs"])
+def test_dequant_rows_bit_exact(ggml_type):
+    rng = np.random.default_rng(100 + ggml_type)
+    rows, cols = (96, 4096) if GPU else (5, 512)
+    blocks = random_quant(rng, ggml_type, (rows, cols), 0.05)
+    got = moe_triton.dequant_rows_triton(torch.from_numpy(blocks).to(DEVICE), ggml_type)
+    assert torch.equal(got.cpu(), torch.from_numpy(_deq(blocks, ggml_type)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# ds4::MoE
+
+def _small_case(types, seed, T, E=8, F=256, D=512, k=3):
+    rng = np.random.default_rng(seed)
+    gate = random_quant(rng, types[0], (E, F, D), 1 / D ** 0.5)
+    up = random_quant(rng, types[1], (E, F, D), 1 / D ** 0.5)
+    down = random_quant(rng, types[2], (E, D, F), 1 / F ** 0.5)
+    v = rng.standard_normal((T, D)).astype(np.float32) * 3
+    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64)
+    w = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
+    return v, ids, w, (gate, up, down)
+
+
+@pytest.mark.parametrize("T", T_GPU if GPU else T_INTERP)
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_moe_small_vs_float64_and_contract(mix, T):
+    types = MIXES[mix]
+    v, ids, w, blocks = _small_case(types, seed=_seed(mix, T), T=T)
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types)
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+           for e in np.unique(ids)}
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+    contract = moe_op.moe_reference(v, ids, w, *blocks, gate_type=types[0], up_type=types[1], down_type=types[2],
+                                    n_expert=8, expert_ff=256, n_embd=512, clamp=CLAMP)
+    assert _rel(got, torch.from_numpy(contract)) <= TOL
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_moe_repeated_slots_and_items_over_16_pairs(T):
+    """A token listing an expert twice counts it twice; 18 pairs of one expert split into items of 16 + 2."""
+    types = MIXES["q4k"]
+    v, _, w, blocks = _small_case(types, seed=7 + T, T=T)
+    ids = np.tile(np.array([[5, 5, 2]], np.int64), (T, 1))
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types)
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types)) for e in (2, 5)}
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+
+
+def _flash_experts(types, seed, E=256, F=2048, D=4096, pool=8):
+    """Flash-shaped expert tensors on the GPU: `pool` experts (0, 255 and random others) hold fresh
+    random_quant blocks; every other expert holds random bytes (scales included: NaN or huge values poison
+    any read of an expert no token chose). Returns (blocks, pool ids, float64 dequantized pool experts)."""
+    rng = np.random.default_rng(seed)
+    ids = np.concatenate([[0, E - 1], rng.choice(np.arange(1, E - 1), pool - 2, replace=False)])
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    blocks, deq = [], {int(e): [] for e in ids}
+    for t, (rows, cols) in zip(types, ((F, D), (F, D), (D, F))):
+        full = torch.randint(0, 256, moe_op.blocks_shape(t, E, rows, cols), dtype=torch.uint8, device=DEVICE,
+                             generator=gen)
+        part = random_quant(rng, t, (pool, rows, cols), 1 / cols ** 0.5)
+        full[torch.from_numpy(ids).to(DEVICE)] = torch.from_numpy(part).to(DEVICE)
+        blocks.append(full)
+        for n, e in enumerate(ids):
+            deq[int(e)].append(torch.from_numpy(_deq(part[n], t)).to(DEVICE).double())
+    return blocks, ids, deq
+
+
+@gpu_only
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_moe_flash_widths(mix):
+    """D = 4096, F = 2048, E = 256, k = 6; T = 1..16 tokens choosing 6 of 8 experts (so T > 1 shares experts
+    and both the one-pair and the multi-pair kernels run; expert 255 exercises the largest offsets)."""
+    types = MIXES[mix]
+    blocks, pool, deq = _flash_experts(types, seed=len(mix))
+    rng = np.random.default_rng(1000 + len(mix))
+    for T in T_GPU:
+        ids = np.stack([rng.permutation(pool)[:6] for _ in range(T)]).astype(np.int64)
+        v = torch.from_numpy(rng.standard_normal((T, 4096)).astype(np.float32) * 3).to(DEVICE)
+        w = torch.from_numpy(rng.uniform(0.1, 1.0, (T, 6)).astype(np.float32)).to(DEVICE)
+        ids_t = torch.from_numpy(ids).to(DEVICE)
+        err = _rel(_run_moe(v, ids_t, w, blocks, types), _moe_ref64(v, ids_t, w, deq, CLAMP))
+        assert err <= TOL, f"T = {T}: relative error {err:.3g}"
+
+
+@gpu_only
+def test_moe_graph_replay_and_determinism():
+    """A CUDA graph of one call (static workspace) replays to the eager result, bit for bit, twice."""
+    types = MIXES["iq2_iq2_q2k"]
+    v, ids, w, blocks = _small_case(types, seed=11, T=4)
+    v, ids, w, *blocks = (torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks))
+    eager = moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP).clone()
+    assert torch.equal(moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP), eager)
+    ws = _poisoned_workspace(4, 3, 512, 256)
+    out = _nan(4, 512)
+    moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws)     # compile, warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q8_0
+
+def _random_q8_0(rng, N, K, std):
+    """uint8 [N, K/32*34]: f16 scales d ~ std/73 * U(0.75, 1.25) (never zero), int8 quants U[-127, 127]."""
+    nb = N * K // 32
+    d = (std / 73.3 * rng.uniform(0.75, 1.25, (nb, 1))).astype(np.float16).view(np.uint8)
+    q = rng.integers(-127, 128, (nb, 32), dtype=np.int8).view(np.uint8)
+    return np.concatenate([d, q], axis=1).reshape(N, K // 32 * 34)
+
+
+def _q8_float64(wb: torch.Tensor, K: int) -> torch.Tensor:
+    """Q8_0 bytes [N, K/32*34] on the device -> float64 [N, K]: d * q, the block formula, computed on the
+    device (gguf.quants would take seconds for the LM head; _q8_check compares the two on a slice)."""
+    blocks = wb.view(wb.shape[0], K // 32, 34)
+    d = blocks[..., :2].contiguous().view(torch.float16).double()
+    q = blocks[..., 2:].contiguous().view(torch.int8).double()
+    return (d * q).reshape(wb.shape[0], K)
+
+
+def _q8_check(Ts, N, K, groups, seed):
+    rng = np.random.default_rng(seed)
+    wb = _random_q8_0(rng, N, K, 1 / K ** 0.5)
+    wb_dev = torch.from_numpy(wb).to(DEVICE)
+    wd = _q8_float64(wb_dev, K)
+    assert torch.equal(wd[:64].cpu(), torch.from_numpy(_deq(wb[:64], Q8_0)).double())   # the formula is gguf's
+    rpg = N // groups
+    for T in Ts:
+        x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32)).to(DEVICE)
+        ref = torch.cat([x[:, g * K:(g + 1) * K].double() @ wd[g * rpg:(g + 1) * rpg].T for g in range(groups)], 1)
+        out = _nan(T, N)
+        got = q8_triton.q8_matmul(x, wb_dev, N, K, groups=groups, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        err = _rel(got, ref)
+        assert err <= TOL, f"T = {T}, N = {N}, K = {K}, groups = {groups}: relative error {err:.3g}"
+
+
+# (N, K, groups): a row count that leaves a partial row tile, K that leaves a partial 8-block step, groups
+Q8_SMALL = [(50, 320, 1), (64, 256, 2), (24, 1056, 1)]
+
+
+@pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
+def test_q8_small(shape):
+    _q8_check(T_GPU if GPU else (1, 2, 3, 6), *shape, seed=_seed(*shape))
+
+
+# Flash projections: attn_q_a, attn_q_b, attn_kv, attn_output_a (8 groups), attn_output_b, shared down
+Q8_FLASH = [(1024, 4096, 1), (32768, 1024, 1), (512, 4096, 1), (8192, 4096, 8), (4096, 8192, 1), (4096, 2048, 1)]
+
+
+@gpu_only
+@pytest.mark.parametrize("shape", Q8_FLASH, ids=lambda s: "x".join(map(str, s)))
+def test_q8_flash_widths(shape):
+    _q8_check(T_GPU, *shape, seed=_seed(*shape))
+
+
+@gpu_only
+def test_q8_lm_head():
+    _q8_check((1, 4), 129280, 4096, 1, seed=5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compilation for the H200 without one
+
+@pytest.mark.skipif(not INTERP, reason="the offline sm_90 compile check runs with DS4_TRITON_INTERPRET=1 (no GPU)")
+def test_every_variant_compiles_for_sm90():
+    """Compile (not run) each kernel variant the GPU tests and the benchmark use, for sm_90, with ptxas from
+    the triton wheel: catches what the interpreter cannot (types, layouts, register spills into local memory
+    are reported). Runs in a subprocess: it swaps Triton's active driver for a stand-in that answers sm_90."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.environ.pop("TRITON_INTERPRET", None)
+        import torch
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.driver import DriverBase
+        from triton.runtime import driver
+
+        class Sm90(DriverBase):
+            def __init__(self): pass
+            @classmethod
+            def is_active(cls): return True
+            def map_python_to_cpp_type(self, ty): return ty
+            def get_current_target(self): return GPUTarget("cuda", 90, 32)
+            def get_current_device(self): return 0
+            def get_current_stream(self, device=None): return 0
+            def get_active_torch_device(self): return torch.device("cpu")
+            def get_benchmarker(self): raise NotImplementedError
+            def get_device_interface(self): raise NotImplementedError
+            def get_empty_cache_for_benchmark(self): raise NotImplementedError
+            def clear_cache(self, cache): pass
+
+        driver.set_active(Sm90())
+        from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
+        u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
+        i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
+        n = 0
+        def ok(k):
+            global n
+            assert "cubin" in k.asm and k.metadata.name, k
+            n += 1
+        for P in (6, 96):
+            ok(M._moe_items.warmup(i64, i32, i32, P, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()),
+                                   num_warps=4, grid=(1,)))
+        for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10)):
+            for D, F in ((512, 256), (4096, 2048)):
+                ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
+                   M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=M.SINGLE_BR, num_warps=M.SINGLE_WARPS, grid=(1,)))
+                ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256,
+                   DT=dt, BR=M.SINGLE_BR, num_warps=M.SINGLE_WARPS, grid=(1,)))
+                (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
+                ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
+                   NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=M.MULTI_BR,
+                   num_warps=M.MULTI_WARPS, grid=(1,)))
+                ok(M._moe_down_multi.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, NSB=F // 256, DT=dt,
+                   DBS=dbs, DNS=dns, DL=dl, BR=M.MULTI_BR, num_warps=M.MULTI_WARPS, grid=(1,)))
+            bs, ns, l = M.LAYOUT[gt]
+            ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
+        for K in (1024, 4096, 8192, 320):
+            for tp, (br, w) in Q.FMA_CONFIG.items():
+                ok(Q._q8_fma.warmup(f32, u8, f32, tp, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br, TP=tp,
+                                    num_warps=w, grid=(1,)))
+            ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
+                                  num_warps=Q.MMA_WARPS, grid=(1,)))
+        print("compiled", n)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "compiled" in res.stdout
