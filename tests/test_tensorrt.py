@@ -15,6 +15,7 @@ speculative decoding through the TensorRT backend token-exact against PyTorch, w
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -555,6 +556,284 @@ def test_cuda_call_raises_on_any_error_code():
 
 
 # ---------------------------------------------------------------------------------------------------
+# The runtime's own logic on a stand-in TensorRT (CPU): contexts per profile, buffers, adoption, staging,
+# graph capture and replay, behind the unchanged Session / speculative loop
+
+PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333, 8, 144, 270, 19, 500]
+
+
+def _greedy(engine, n=14):
+    s = engine.session(CTX)
+    s.prefill(PROMPT, chunk=9)
+    out = [s.argmax()]
+    while len(out) < n:
+        s.eval(out[-1])
+        out.append(s.argmax())
+    return out
+
+
+def _speculative(engine, n_draft, n=14):
+    s = engine.session(CTX)
+    s.prefill(PROMPT, chunk=9)
+    out, log = [s.argmax()], []
+    while len(out) < n:
+        new = s.eval_speculative_argmax(out[-1], n - len(out), None, n_draft=n_draft, margin=0.0, log=log.append)
+        out += new[1:] + [s.argmax()]
+    return out[:n], [line.split(" margins=")[0] for line in log], s
+
+
+class _CpuArena:
+    """DeviceArena's interface over one CPU byte tensor (the same plan, offsets and views)."""
+    live: list = []
+
+    def __init__(self, plan, scratch_bytes=0):
+        self.plan, self.scratch_bytes = plan, max(ALIGN, -(-scratch_bytes // ALIGN) * ALIGN)
+        self.nbytes = plan.total + self.scratch_bytes
+        raw = torch.zeros(self.nbytes + ALIGN, dtype=torch.uint8)       # cudaMalloc's alignment, on the CPU
+        self.buf = raw[-raw.data_ptr() % ALIGN:][:self.nbytes]
+        self.ptr = self.buf.data_ptr()
+        _CpuArena.live.append(self)
+
+    def address(self, name):
+        return self.ptr + self.plan.slots[name].offset
+
+    @property
+    def scratch(self):
+        return self.ptr + self.plan.total
+
+    def view(self, name, T=None):
+        slot = self.plan.slots[name]
+        return self.at(slot.offset, slot.dtype, slot.shape if T is None else slot.shape_for(T))
+
+    def at(self, offset, dtype, shape):
+        n = math.prod(shape) * ITEMSIZE[dtype]
+        return self.buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
+
+    def owns(self, ptr):
+        return self.ptr <= ptr < self.ptr + self.nbytes
+
+    def close(self):
+        _CpuArena.live.remove(self)
+
+    @staticmethod
+    def tensor_at(ptr, dtype, shape):
+        a = next(a for a in _CpuArena.live if a.owns(ptr))
+        return a.at(ptr - a.ptr, dtype, shape)
+
+
+_CAPTURING: list = []
+
+
+class _FakeGraph:
+    """torch.cuda.CUDAGraph's stand-in: work enqueued while capturing is recorded, replay() runs it again on
+    whatever the buffers then hold (what a CUDA graph does)."""
+
+    def __init__(self):
+        self.work = []
+
+    def replay(self):
+        for w in self.work:
+            w()
+
+
+class _capture:
+    def __init__(self, graph, stream=None):
+        self.graph = graph
+
+    def __enter__(self):
+        _CAPTURING.append(self.graph.work)
+
+    def __exit__(self, *exc):
+        _CAPTURING.pop()
+
+
+class _FakeStream:
+    cuda_stream = 0
+
+    def wait_stream(self, other):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _fake_tensorrt(directory: Path, runs: list):
+    """A stand-in tensorrt module whose engines are the directory's ONNX graphs in ONNX Runtime, reporting
+    the I/O and profiles a real engine built from the manifest would. `runs` records (role, profile, T, how)."""
+    import onnxruntime as ort
+
+    m = M.load(directory, verify_hashes=False)
+    info = M.tensorrt_info(m)
+    trt = types.SimpleNamespace(
+        __version__=info.version,
+        DataType=types.SimpleNamespace(FLOAT="FLOAT", INT64="INT64"),
+        TensorIOMode=types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT"),
+        ExecutionContextAllocationStrategy=types.SimpleNamespace(USER_MANAGED="USER_MANAGED"))
+
+    class Context:
+        def __init__(self, engine):
+            self.engine, self.addr, self.shapes, self.profile, self.memory = engine, {}, {}, None, None
+
+        def set_device_memory(self, ptr, size):
+            assert size >= engine_memory and ptr % ALIGN == 0
+            self.memory = ptr
+
+        def set_optimization_profile_async(self, i, stream):
+            self.profile = i
+
+        def set_tensor_address(self, name, ptr):
+            assert ptr % ALIGN == 0
+            self.addr[name] = ptr
+
+        def set_input_shape(self, name, shape):
+            self.shapes[name] = tuple(shape)
+
+        def execute_async_v3(self, stream):
+            shapes = dict(self.shapes)
+            if _CAPTURING:
+                _CAPTURING[-1].append(lambda: self.run(shapes, "graph"))
+            else:
+                self.run(shapes, "eager")
+            return True
+
+        def run(self, shapes, how):
+            e = self.engine
+            T = shapes["tokens"][0]
+            p = info.profiles[self.profile]
+            assert p["min"] <= T <= p["max"], (p, T)                  # a context runs only its profile's shapes
+            feeds = {}
+            for s in e.inputs:
+                shape = shapes.get(s.name, s.shape)
+                feeds[s.name] = _CpuArena.tensor_at(self.addr[s.name], s.dtype, shape).numpy().copy()
+            outs = e.session.run([s.name for s in e.outputs], feeds)
+            for s, o in zip(e.outputs, outs):
+                _CpuArena.tensor_at(self.addr[s.name], s.dtype, o.shape).copy_(torch.from_numpy(o))
+            runs.append((e.role, p["name"], T, how))
+
+    engine_memory = 4096
+
+    class Engine:
+        def __init__(self, role):
+            g = m.graphs[role]
+            self.role, self.inputs, self.outputs = role, g["inputs"], g["outputs"]
+            self.session = ort.InferenceSession(str(g["file"]), moe.onnxruntime_session_options(),
+                                                providers=["CPUExecutionProvider"])
+            self.io = [(s, "INPUT") for s in self.inputs] + [(s, "OUTPUT") for s in self.outputs]
+            self.num_io_tensors = len(self.io)
+            self.num_optimization_profiles = len(info.profiles)
+            self.device_memory_size_v2 = engine_memory
+
+        def spec(self, name):
+            return next((s, mode) for s, mode in self.io if s.name == name)
+
+        def get_tensor_name(self, i):
+            return self.io[i][0].name
+
+        def get_tensor_mode(self, name):
+            return self.spec(name)[1]
+
+        def get_tensor_dtype(self, name):
+            return {"float32": "FLOAT", "int64": "INT64"}[self.spec(name)[0].dtype]
+
+        def get_tensor_shape(self, name):
+            return [-1 if d == "T" else d for d in self.spec(name)[0].shape]
+
+        def get_tensor_profile_shape(self, name, i):
+            p = info.profiles[i]
+            return [(p["min"],), (p["opt"],), (p["max"],)]
+
+        def create_execution_context(self, strategy):
+            assert strategy == "USER_MANAGED"
+            return Context(self)
+
+    class Runtime:
+        def __init__(self, logger):
+            self.engine_host_code_allowed = False
+
+        def deserialize_cuda_engine(self, plan: bytes):
+            return Engine(plan.decode().rsplit(" ", 1)[1])           # trt_dir's placeholder plans name their role
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, severity):
+            pass
+
+    trt.Runtime, trt.Logger = Runtime, Logger
+    return trt
+
+
+@pytest.fixture
+def fake_trt(monkeypatch, trt_dir):
+    runs: list = []
+    trt = _fake_tensorrt(trt_dir, runs)
+    monkeypatch.setattr(RT, "_trt_version", lambda: (trt, trt.__version__))
+    monkeypatch.setattr(RT, "_gpu_compute_capability", lambda: "8.7")
+    monkeypatch.setattr(RT, "DeviceArena", _CpuArena)
+    monkeypatch.setattr(RT.TrtEngine, "DEVICE", "cpu")
+    monkeypatch.setattr(P, "register", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _capture)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def ort_reference():
+    """The ONNX Runtime backend on the same graphs: logits after the prompt, greedy tokens, and a speculative run
+    (draft 3, margin 0) with its drafts and committed caches."""
+    from ds4trt.runtime.backends.onnxruntime import open_engine as open_ort
+
+    engine = open_ort(tiny_engine("ds4"), verify_hashes=False)
+    s = engine.session(CTX)
+    s.prefill(PROMPT, chunk=9)
+    tokens, drafts, spec = _speculative(engine, 3)
+    return {"logits": s.logits, "greedy": _greedy(engine), "speculative": tokens, "drafts": drafts,
+            "caches": spec.cache.live_tensors()}
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
+def test_runtime_on_a_stand_in_tensorrt(fake_trt, trt_dir, ort_reference, cuda_graphs):
+    """The TensorRT backend's runtime over engines that are the same ONNX graphs in ONNX Runtime: every token,
+    draft, logit and committed cache row must equal the ONNX Runtime backend's, and each step must run on its
+    phase's context (a CUDA graph replay from the second decode / verify / draft step of a size on)."""
+    ref = ort_reference
+    engine = RT.open_engine(trt_dir, verify_hashes=False, cuda_graphs=cuda_graphs)
+    try:
+        s = engine.session()
+        views = {f"cache.{k}": v.data_ptr() for k, v in s.cache.tensors().items()}
+        assert views == {n: engine.model.arena.address(n) for n in views}     # the caches live in the arena
+        s.prefill(PROMPT, chunk=9)
+        assert torch.equal(s.logits, ref["logits"])
+        assert _greedy(engine) == ref["greedy"]
+        got, drafts, s2 = _speculative(engine, 3)
+        assert got == ref["speculative"] == ref["greedy"] and drafts == ref["drafts"] and s2.stats.drafted[0] > 0
+        live = s2.cache.live_tensors()
+        assert live.keys() == ref["caches"].keys() and all(torch.equal(live[k], ref["caches"][k]) for k in live)
+        s2.rewind(len(PROMPT) // 2)                                  # replayed, then moved back in place
+        assert s2.cache.layers is engine.model.owner
+        assert s2.cache.layers[0].raw.data_ptr() == engine.model.arena.address("cache.0.raw")
+        with pytest.raises(Ds4Error, match=r"taken over by a newer session of the same TensorRT engine"):
+            s.eval(5)                                                # s's caches were adopted by later sessions
+        with pytest.raises(Ds4Error, match=r"a step of 65 tokens is outside the TensorRT profiles"):
+            engine.model(torch.arange(CTX + 1), s2.cache.start(), s2.cache.layers)
+    finally:
+        engine.close()
+    phases = {(role, name) for role, name, T, how in fake_trt}
+    assert phases == {("target", "decode"), ("target", "verify"), ("target", "prefill"), ("mtp", "decode"),
+                      ("mtp", "verify"), ("mtp", "prefill")}
+    assert all(name == "decode" for _, name, T, _ in fake_trt if T == 1)
+    replays = {(role, name, T) for role, name, T, how in fake_trt if how == "graph"}
+    if cuda_graphs:     # decode, verify and draft replay graphs; prefill never does
+        assert ("target", "decode", 1) in replays and ("mtp", "decode", 1) in replays
+        assert any(name == "verify" for _, name, _ in replays) and all(name != "prefill" for _, name, _ in replays)
+    else:
+        assert not replays
+
+
+# ---------------------------------------------------------------------------------------------------
 # ds4-build and jetson_build.sh
 
 def test_build_command_lines(tmp_path):
@@ -630,29 +909,6 @@ def test_engines_match_the_saved_onnxruntime_outputs(trt_engine_dir):
     import tensorrt
 
     assert info.version == tensorrt.__version__ and info.compute_capability == RT._gpu_compute_capability()
-
-
-PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333, 8, 144, 270, 19, 500]
-
-
-def _greedy(engine, n=14):
-    s = engine.session(CTX)
-    s.prefill(PROMPT, chunk=9)
-    out = [s.argmax()]
-    while len(out) < n:
-        s.eval(out[-1])
-        out.append(s.argmax())
-    return out
-
-
-def _speculative(engine, n_draft, n=14):
-    s = engine.session(CTX)
-    s.prefill(PROMPT, chunk=9)
-    out, log = [s.argmax()], []
-    while len(out) < n:
-        new = s.eval_speculative_argmax(out[-1], n - len(out), None, n_draft=n_draft, margin=0.0, log=log.append)
-        out += new[1:] + [s.argmax()]
-    return out[:n], [line.split(" margins=")[0] for line in log], s
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])

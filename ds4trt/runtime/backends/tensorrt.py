@@ -285,9 +285,11 @@ class TrtSession(Session):
 
 
 class TrtEngine(Engine):
+    DEVICE = "cuda"                   # where sessions keep tokens and the caches they stage (tests: a CPU stand-in)
+
     def __init__(self, target: TrtTarget, tokenizer: Tokenizer, mtp: TrtMTP | None, source: str,
                  info: M.TensorRTInfo):
-        super().__init__(target, tokenizer, mtp, source, dtype=torch.float32, device="cuda")
+        super().__init__(target, tokenizer, mtp, source, dtype=torch.float32, device=self.DEVICE)
         self.info, self.steps = info, [s for s in (target, mtp) if s is not None]
 
     def session(self, ctx: int | None = None) -> TrtSession:
