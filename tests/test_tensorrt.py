@@ -6,7 +6,10 @@ Without TensorRT (CI): the profile per phase and which profile a step of T token
 of engines built for another TensorRT version or GPU (ds4-run --engines); the graph rewrite that binds ds4::MoE
 to the plugin (namespace attribute, uint8 blocks carried as INT32 words over the same bytes) on the exported tiny
 graph; the plugin's attributes, registration signature (through a stand-in tensorrt.plugin) and host entry point
-against the contract's numpy reference; cuda-python error handling; jetson_build.sh.
+against the contract's numpy reference; cuda-python error handling; jetson_build.sh. And the code that drives
+TensorRT, on stand-ins (the engines are the same graphs in ONNX Runtime; the builder records its calls): the
+runtime's contexts, buffers, cache adoption, staging and graph replay token-exact against the ONNX Runtime
+backend, and what ds4-build asks of the builder and writes to the manifest.
 
 With TensorRT and a GPU (skipped here, the reason says why): engines built from the tiny model against the ONNX
 Runtime outputs `ds4-build --check` saved (polygraphy TrtRunner, export/check.py tolerances), and greedy plus
@@ -831,6 +834,147 @@ def test_runtime_on_a_stand_in_tensorrt(fake_trt, trt_dir, ort_reference, cuda_g
         assert any(name == "verify" for _, name, _ in replays) and all(name != "prefill" for _, name, _ in replays)
     else:
         assert not replays
+
+
+# ---------------------------------------------------------------------------------------------------
+# The build's own logic on a stand-in TensorRT: what it asks of the builder, and what it writes
+
+def _fake_builder_trt(calls: list):
+    """A stand-in tensorrt module recording the build calls; a 'plan' is the parsed graph's MoE attributes."""
+    class Flag:
+        STRONGLY_TYPED = 3
+        VERSION_COMPATIBLE = "VERSION_COMPATIBLE"
+
+    class Tensor:
+        def __init__(self, name, shape):
+            self.name, self.shape = name, shape
+
+    class Network:
+        def __init__(self):
+            self.inputs = []
+            self.num_inputs = 0
+
+        def get_input(self, i):
+            return self.inputs[i]
+
+    class Parser:
+        num_errors = 0
+
+        def __init__(self, network, logger):
+            self.network = network
+
+        def parse(self, model: bytes, path: str):
+            m = onnx.load_from_string(model)
+            calls.append(("parse", Path(path).name, m))
+            self.network.inputs = [Tensor(i.name, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                                        for d in i.type.tensor_type.shape.dim)) for i in m.graph.input]
+            self.network.num_inputs = len(self.network.inputs)
+            return True
+
+    class Cache:
+        def __init__(self, data):
+            self.data = bytes(data)
+
+        def serialize(self):
+            return self.data + b"+"
+
+    class Profile:
+        def __init__(self):
+            self.shapes = {}
+
+        def set_shape(self, name, lo, opt, hi):
+            self.shapes[name] = (lo, opt, hi)
+
+    class Config:
+        def __init__(self):
+            self.flags, self.profiles, self.cache, self.max_aux_streams = [], [], None, None
+
+        def create_timing_cache(self, data):
+            calls.append(("create_timing_cache", bytes(data)))
+            return Cache(data)
+
+        def set_timing_cache(self, cache, ignore_mismatch):
+            assert ignore_mismatch is False
+            self.cache = cache
+
+        def set_flag(self, flag):
+            self.flags.append(flag)
+
+        def add_optimization_profile(self, profile):
+            self.profiles.append(profile)
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags):
+            assert flags == 1 << Flag.STRONGLY_TYPED
+            return Network()
+
+        def create_builder_config(self):
+            return Config()
+
+        def create_optimization_profile(self):
+            return Profile()
+
+        def build_serialized_network(self, network, config):
+            calls.append(("build", config))
+            return b"plan"
+
+    class ILogger:
+        INTERNAL_ERROR, ERROR, WARNING = 0, 1, 2
+
+        def __init__(self):
+            pass
+
+    return types.SimpleNamespace(__version__="10.3.0.30", Builder=Builder, OnnxParser=Parser, ILogger=ILogger,
+                                 NetworkDefinitionCreationFlag=Flag, BuilderFlag=Flag)
+
+
+def test_build_on_a_stand_in_tensorrt(monkeypatch, tmp_path, capsys):
+    """ds4-build --gguf ... --backend tensorrt, then --from-onnx on the result: the rewritten graphs are parsed
+    with their weights' path, every T input gets one shape range per profile, the timing cache is reused and
+    saved, the flags asked for are set, and the manifest passes tensorrt_info with the engines listed."""
+    from ds4trt.export import package
+
+    calls: list = []
+    trt = _fake_builder_trt(calls)
+    monkeypatch.setattr(XT, "import_tensorrt", lambda: trt)
+    monkeypatch.setattr(package, "import_tensorrt", lambda: trt)
+    monkeypatch.setattr(XT, "compute_capability", lambda: "9.0")
+    monkeypatch.setattr(P, "register", lambda: None)
+    target, mtp = tiny_files()
+    out = tmp_path / "engine"
+    assert cli.build(["--gguf", str(target), "--mtp", str(mtp), "--out", str(out), "--ctx", str(CTX),
+                      "--backend", "tensorrt", "--mtp-draft-max", "3"]) == 0
+    assert "TensorRT 10.3.0.30 engines for compute capability 9.0: target.engine, mtp.engine; profiles decode T " \
+           "1..1, verify T 2..4, prefill T 1..64" in capsys.readouterr().out
+    m = M.load(out)
+    info = M.tensorrt_info(m)
+    assert (m.backend, info.version, info.compute_capability, info.version_compatible) == \
+        ("tensorrt", "10.3.0.30", "9.0", False)
+    assert [(p["name"], p["min"], p["opt"], p["max"]) for p in info.profiles] == \
+        [("decode", 1, 1, 1), ("verify", 2, 4, 4), ("prefill", 1, 64, 64)]
+    assert all(path.read_bytes() == b"plan" for path in info.engines.values())
+    assert m.data["tools"]["tensorrt"] == "10.3.0.30" and (out / XT.TIMING_CACHE).read_bytes() == b"+"
+    parsed = [c for c in calls if c[0] == "parse"]
+    assert [name for _, name, _ in parsed] == ["target.onnx", "mtp.onnx"]
+    for _, name, model in parsed:
+        nodes = [n for n in model.graph.node if n.domain == moe.DOMAIN]
+        assert nodes and all(any(a.name == "plugin_namespace" for a in n.attribute) for n in nodes)
+    builds = [c[1] for c in calls if c[0] == "build"]
+    assert [sorted(p.shapes) for p in builds[0].profiles] == [["tokens"]] * 3
+    assert [sorted(p.shapes) for p in builds[1].profiles] == [["h", "tokens"]] * 3
+    assert builds[1].profiles[1].shapes["h"] == ((2, 4, 256), (4, 4, 256), (4, 4, 256))
+    assert all(b.max_aux_streams == 0 and b.flags == [] and b.cache is builds[0].cache for b in builds)
+
+    # on the device: in place, the timing cache reused, version compatibility asked for
+    calls.clear()
+    assert cli.build(["--from-onnx", str(out), "--backend", "tensorrt", "--version-compatible"]) == 0
+    assert [c[1] for c in calls if c[0] == "create_timing_cache"] == [b"+"]
+    assert all(c[1].flags == ["VERSION_COMPATIBLE"] for c in calls if c[0] == "build")
+    info = M.tensorrt_info(M.load(out))
+    assert info.version_compatible and (out / XT.TIMING_CACHE).read_bytes() == b"++"
 
 
 # ---------------------------------------------------------------------------------------------------
