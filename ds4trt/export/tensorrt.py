@@ -24,12 +24,17 @@ inference-library/python-api-docs.html:
     runtime; loading needs runtime.engine_host_code_allowed = True; such an engine runs on this TensorRT
     version or a later one, not an earlier one, and may be slower (Advanced Topics, Version Compatibility).
     Untested here: whether a Python (JIT) plugin resolves inside the embedded lean runtime.
+  - config.max_aux_streams = 0: one stream, so the Python plugin always runs on the stream the runtime
+    captures CUDA graphs on.
   - builder.build_serialized_network(network, config) -> IHostMemory, or None on failure.
+Every initializer becomes an engine constant, so each plan holds its graph's weights (expert blocks included):
+the directory then holds the weights twice (weights.bin for rebuilding, the plans for running).
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +160,6 @@ def compute_capability() -> str:
 def error_logger(trt):
     """A trt.ILogger that keeps the errors (a failed build reports TensorRT's own first error in one line) and
     passes warnings and errors to stderr."""
-    import sys
-
     class Logger(trt.ILogger):
         def __init__(self):
             trt.ILogger.__init__(self)
@@ -201,7 +204,11 @@ def build_engines(directory, manifest: dict, options: TrtOptions | None = None, 
         config = builder.create_builder_config()
         if cache is None:
             cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if config.set_timing_cache(cache, ignore_mismatch=False) is False:   # another GPU's or version's cache
+            print(f"ds4-build: note: {cache_path} was made for another GPU or TensorRT version; starting a new one",
+                  file=sys.stderr)
+            cache = config.create_timing_cache(b"")
+            config.set_timing_cache(cache, ignore_mismatch=False)
         if options.version_compatible:
             config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
         # one stream: the Python MoE plugin then always runs on the stream the runtime captures CUDA graphs on,
@@ -224,7 +231,7 @@ def build_engines(directory, manifest: dict, options: TrtOptions | None = None, 
         manifest["files"][engine_path.name] = M.file_entry(engine_path)
     cache_path.write_bytes(cache.serialize())
     manifest["backend"] = "tensorrt"
-    manifest["tools"]["tensorrt"] = trt.__version__
+    manifest.setdefault("tools", {})["tensorrt"] = trt.__version__
     manifest["tensorrt"] = {
         "version": trt.__version__, "compute_capability": compute_capability(),
         "version_compatible": bool(options.version_compatible), "engines": engines, "profiles": profiles,
