@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ds4trt.errors import Ds4Error
+from ds4trt.runtime.profile import PHASES
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
 DEFAULT_CTX = 4096
@@ -43,6 +44,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--numerics", choices=("ds4", "float"), default="ds4",
                    help="ds4: FP8 KV and FP4 indexer rounding as ds4 does (default); float: none")
     p.add_argument("--info", action="store_true", help="print the model summary and exit")
+    p.add_argument("--profile", action="store_true",
+                   help="print per-phase latency p50/p99 (prefill, decode, draft, verify, accept, commit) on stderr")
     p.add_argument("--glm-mtp", action="store_true", help="MTP speculative decoding (forces greedy decoding)")
     p.add_argument("--mtp-draft", type=int, default=2, help="tokens drafted per step, 1..8 (default 2)")
     p.add_argument("--mtp-margin", type=float, default=3.0,
@@ -149,6 +152,8 @@ def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, u
           f"generation: {rate(n_gen, t_gen)} t/s ({n_gen} tokens)", file=sys.stderr)
     if use_mtp:
         print(session.stats.report(), file=sys.stderr)
+    if PHASES.enabled:
+        print(PHASES.report(), file=sys.stderr)
 
 
 def _utf8(text: str, what: str) -> str:
@@ -227,6 +232,7 @@ def run(argv: list[str] | None = None) -> int:
     from ds4trt.chat import Conversation, render_single
 
     _check_args(args)
+    PHASES.enabled = args.profile
     if args.engines and (args.gguf or args.mtp or args.info):
         raise Ds4Error("--engines replaces --gguf, --mtp and --info: the directory holds the model")
     gguf = args.gguf or (None if args.engines else str(_default_model("demo.gguf")))

@@ -21,6 +21,7 @@ from ds4trt.model.transformer import Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.runtime import speculative
 from ds4trt.runtime.cache import CacheState
+from ds4trt.runtime.profile import PHASES
 from ds4trt.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 256
@@ -95,16 +96,18 @@ class Session:
                            + (f" after {self.pos} tokens" if self.pos else ""))
         for i in range(0, len(tokens), chunk):
             part = tokens[i:i + chunk]
-            logits, hc, rows = self.target_step(part, all_logits=False)
-            self.commit(part, hc, rows, logits[-1], len(part))
-            if self.drafter is not None:
-                self.drafter.catch_up(self.tokens)   # feed the drafter every pair whose next token is known
+            with PHASES.phase("prefill"):
+                logits, hc, rows = self.target_step(part, all_logits=False)
+                self.commit(part, hc, rows, logits[-1], len(part))
+                if self.drafter is not None:
+                    self.drafter.catch_up(self.tokens)   # feed the drafter every pair whose next token is known
         return self.logits
 
     def eval(self, token: int) -> torch.Tensor:
         """Decode one token; returns the logits after it [V]."""
-        logits, hc, rows = self.target_step([token])
-        self.commit([token], hc, rows, logits[0], 1)
+        with PHASES.phase("decode"):
+            logits, hc, rows = self.target_step([token])
+            self.commit([token], hc, rows, logits[0], 1)
         return self.logits
 
     def argmax(self) -> int:

@@ -22,6 +22,7 @@ import torch
 
 from ds4trt.model.mtp import MTPHead
 from ds4trt.runtime.cache import CacheState
+from ds4trt.runtime.profile import PHASES
 
 
 @dataclass
@@ -108,24 +109,28 @@ def speculative_step(session, drafter, first_token: int, max_tokens: int, eos: i
     room = min(n_draft, max_tokens - 1, session.ctx - session.pos - 1)
     drafts = []
     if drafter is not None and room > 0 and first_token != eos:
-        drafts = drafter.draft(session.tokens, first_token, room, margin, eos)[:room]
+        with PHASES.phase("draft"):
+            drafts = drafter.draft(session.tokens, first_token, room, margin, eos)[:room]
 
     # verify: one batched target pass over the pending token and every draft
     seq = [first_token] + [t for t, _ in drafts]
-    logits, hc, rows = session.target_step(seq)                     # logits: [1+k, V]
-    target_next = logits.argmax(-1).tolist()
+    with PHASES.phase("verify"):
+        logits, hc, rows = session.target_step(seq)                 # logits: [1+k, V]
 
     # accept the longest prefix of drafts that match the target's own greedy choice
-    n_ok = 0
-    while n_ok < len(drafts) and drafts[n_ok][0] == target_next[n_ok]:
-        n_ok += 1
-    keep = 1 + n_ok
-    if eos is not None and eos in seq[:keep]:
-        keep = seq.index(eos) + 1
-        n_ok = keep - 1                                             # drafts past the EOS are not committed
+    with PHASES.phase("accept"):
+        target_next = logits.argmax(-1).tolist()
+        n_ok = 0
+        while n_ok < len(drafts) and drafts[n_ok][0] == target_next[n_ok]:
+            n_ok += 1
+        keep = 1 + n_ok
+        if eos is not None and eos in seq[:keep]:
+            keep = seq.index(eos) + 1
+            n_ok = keep - 1                                         # drafts past the EOS are not committed
 
     # commit the kept rows; the rest are dropped
-    session.commit(seq, hc, rows, logits[keep - 1], keep)
+    with PHASES.phase("commit"):
+        session.commit(seq, hc, rows, logits[keep - 1], keep)
     session.stats.record(len(drafts), n_ok, keep)
     if log is not None:
         log(f"mtp pos={session.pos - keep} drafted={[t for t, _ in drafts]} "
