@@ -27,16 +27,17 @@ import triton
 import triton.language as tl
 
 QK, BLOCK_BYTES = 32, 34
-NB = tl.constexpr(8)         # blocks per loop step: 256 values
+NB = tl.constexpr(8)         # blocks per loop step of the FMA kernel: 256 values
+MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
 # (rows per program, warps): FMA kernel by padded row count TP; tensor-core kernel (T > 4). Chosen from the
 # compiled code (instructions per value, registers, no spills); scripts/bench_kernels.py can sweep them.
 FMA_CONFIG = {1: (16, 4), 2: (16, 4), 4: (8, 4)}
-MMA_BR, MMA_WARPS = 128, 8
+MMA_BR, MMA_WARPS = 64, 4
 
 
 @triton.jit
-def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr):
+def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
     """Blocks kb*NB .. kb*NB+NB-1 of each row in `rows` ([BR] int32, valid) -> ([BR*NB, 16, 2] float32 values,
     [BR*NB] block-valid mask). Tile row j = r * NB + block."""
     j = tl.arange(0, BR * NB)
@@ -68,7 +69,7 @@ def _q8_fma(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr,
             + tl.arange(0, 2)[None, None, :, None] + t4.to(tl.int64) * (K * (N // rows_per_group)))
     acc = tl.zeros([BR * NB, 16, 2, TP], tl.float32)
     for kb in range(0, (NKB + NB - 1) // NB):
-        val, valid = _decode(w_ptr, rows, kb, ONE, NKB, BR)
+        val, valid = _decode(w_ptr, rows, kb, ONE, NKB, BR, NB)
         x = tl.load(x_rows + kb * (NB * 32) + xoff, mask=valid[:, None, None, None] & (t4 < T), other=0.0)
         acc += val[:, :, :, None] * x
     y = tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, NB, TP)), axis=1)     # [BR, TP]
@@ -79,20 +80,20 @@ def _q8_fma(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr,
 
 @triton.jit
 def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr):
-    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3)."""
+    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3), K in steps of MMA_NB blocks."""
     row0 = tl.program_id(0) * BR
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
     K = NKB * 32
     t = tl.arange(0, 16)
     tmask = t < T
     x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
-    kk = tl.arange(0, NB * 32)
+    kk = tl.arange(0, MMA_NB * 32)
     acc = tl.zeros([BR, 16], tl.float32)
-    for kb in range(0, (NKB + NB - 1) // NB):
-        val, _ = _decode(w_ptr, rows, kb, ONE, NKB, BR)
-        w2 = tl.reshape(val, (BR, NB * 32))
-        k = kb * (NB * 32) + kk
-        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)   # [256, 16]
+    for kb in range(0, (NKB + MMA_NB - 1) // MMA_NB):
+        val, _ = _decode(w_ptr, rows, kb, ONE, NKB, BR, MMA_NB)
+        w2 = tl.reshape(val, (BR, MMA_NB * 32))
+        k = kb * (MMA_NB * 32) + kk
+        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, 16]
         acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
     out_rows = row0 + tl.arange(0, BR)
     tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], acc,

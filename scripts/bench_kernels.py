@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Benchmark the Triton kernels (plugins/kernels) at DeepSeek V4 Flash shapes on one GPU.
+
+    python3 scripts/bench_kernels.py [--budget SECONDS]      (writes $OUT/bench_kernels.json when OUT is set)
+
+What it measures (synthetic blocks resident on the device: random bytes with moderate f16 scales, never
+zeros; the kernels' time does not depend on the values):
+  0. the copy bandwidth: a 2 GiB device-to-device copy, bytes read + written over the median time;
+  1. one layer's routed MoE (ds4::MoE, k = 6 of E = 256, D = 4096, F = 2048), q2 mix (IQ2_XXS gate/up, Q2_K
+     down) and q4 mix (Q4_K x3), T = 1, 2, 3, 4, 8, 16 tokens, with
+       random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
+       shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
+  2. the Q8_0 projections of a layer and the LM head, T = 1 and 4;
+  3. small sweeps of the launch shapes (rows per program, warps), while the time budget lasts.
+Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
+different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
+from HBM as they do in a real decode step; reported times are per call.
+Per case: the bytes that must move (distinct expert blocks or the weight matrix, plus activations read and the
+output written), the floor = bytes / measured copy bandwidth, the achieved median, and floor / achieved.
+Then an estimated decode step: 43 x (routed MoE + Q8_0 projections at T = 1, measured; the layer's F16 tensors
+(HC mixers, router, compressors) at their floor, not benchmarked here) + the LM head; tokens/s against the
+whole-model floor computed from the shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
+from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+
+D, F, E, K_SLOTS, N_LAYER, N_VOCAB = 4096, 2048, 256, 6, 43, 129280
+Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
+MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
+TS = (1, 2, 3, 4, 8, 16)
+CLAMP = 10.0
+# Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
+Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
+            ("attn_output_a", 8192, 4096, 8), ("attn_output_b", 4096, 8192, 1),
+            ("ffn_gate_shexp", 2048, 4096, 1), ("ffn_up_shexp", 2048, 4096, 1), ("ffn_down_shexp", 4096, 2048, 1)]
+LM_HEAD = ("output", N_VOCAB, 4096, 1)
+# the f16 fields of each block type: byte offsets of its scales (set to moderate values)
+SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
+BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
+
+DEV = "cuda"
+START = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - START:6.1f}s] {msg}", flush=True)
+
+
+def random_blocks(ggml_type: int, rows: int, cols: int, lead: int = 1, gen=None) -> torch.Tensor:
+    """uint8 [lead, rows, row bytes] of random blocks whose f16 scales are moderate (1e-3..2e-3)."""
+    qk, bs = BLOCK[ggml_type]
+    nb = cols // qk
+    t = torch.randint(0, 256, (lead, rows, nb, bs), dtype=torch.uint8, device=DEV, generator=gen)
+    for off in SCALE_FIELDS[ggml_type]:
+        s = (torch.rand(lead, rows, nb, device=DEV, generator=gen) * 1e-3 + 1e-3).half()
+        t[..., off:off + 2] = s.view(torch.uint8).view(lead, rows, nb, 2)
+    return t.view(lead, rows, nb * bs)
+
+
+def time_graph(fn, calls: int, rep_ms: int = 30) -> float:
+    """Median per-call milliseconds of fn (which makes `calls` calls), replayed from a CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") / calls
+
+
+def case(name: str, T: int, nbytes: float, ms: float, bw: float, **extra) -> dict:
+    floor_us = nbytes / bw * 1e6
+    us = ms * 1e3
+    row = dict(name=name, T=T, bytes=nbytes, floor_us=floor_us, time_us=us, fraction=floor_us / us, **extra)
+    log(f"{name:34s} T={T:2d}  {nbytes / 1e6:9.2f} MB  floor {floor_us:8.2f} us  "
+        f"achieved {us:8.2f} us  {100 * floor_us / us:5.1f} % of floor")
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def copy_bandwidth() -> float:
+    n = 1 << 31
+    a = torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / (ms * 1e-3)
+
+
+def expert_bytes(types) -> int:
+    return sum(rows * (cols // BLOCK[t][0]) * BLOCK[t][1] for t, (rows, cols) in zip(types, ((F, D), (F, D), (D, F))))
+
+
+def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) -> None:
+    """Append the cases to results; append sweep thunks (run later, while the budget lasts) to sweeps."""
+    types = MIXES[mix]
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    blocks = [random_blocks(t, r, c, lead=E, gen=gen)
+              for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
+    blocks = [b.view(E, b.shape[1], b.shape[2]) for b in blocks]
+    per_expert = expert_bytes(types)
+    rng = torch.Generator(device="cpu").manual_seed(2)
+    for routing in ("random", "shared"):
+        for T in TS:
+            if routing == "shared" and T == 1:
+                continue
+            per_call_guess = 6 * per_expert if routing == "shared" else min(E, 6 * T) * per_expert
+            R = min(32, max(4, math.ceil(4 * l2 / per_call_guess)))
+            sets, nbytes = [], 0.0
+            for _ in range(R):
+                if routing == "random":
+                    ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+                else:
+                    ids = torch.randperm(E, generator=rng)[:K_SLOTS].repeat(T, 1)
+                v = torch.randn(T, D, generator=rng) * 3
+                w = torch.rand(T, K_SLOTS, generator=rng) * 0.9 + 0.1
+                sets.append([x.to(DEV) for x in (v, ids, w)])
+                nbytes += len(torch.unique(ids)) * per_expert + 2 * T * D * 4 + T * K_SLOTS * 12
+            ws = M.MoEWorkspace.create(T, K_SLOTS, D, F, DEV)
+            out = torch.empty(T, D, device=DEV)
+
+            def fn(sets=sets, ws=ws, out=out, **cfg):
+                for v, ids, w in sets:
+                    M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
+            ms = time_graph(fn, R)
+            results.append(case(f"moe {mix} {routing}", T, nbytes / R, ms, bw, kind="moe", mix=mix, routing=routing))
+            if sweeps is not None and ((routing, T) in (("random", 1), ("shared", 4))):
+                key = "single_config" if T == 1 else "multi_config"
+                for cfg in (((32, 8), (8, 4), (16, 8), (32, 4)) if T == 1 else ((32, 4), (64, 4), (128, 8))):
+                    sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R, key=key, routing=routing: results.append(case(
+                        f"  sweep {key}={cfg}", T, nb, time_graph(lambda: fn(**{key: cfg}), R), bw,
+                        kind="sweep_moe", mix=mix, routing=routing, config=list(cfg))))
+
+
+def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    for name, N, K, G in Q8_LAYER + [LM_HEAD]:
+        wbytes = N * K // 32 * 34
+        C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
+        ws = [random_blocks(8, N, K, gen=gen).view(N, -1) for _ in range(C)]
+        for T in (1, 4):
+            x = torch.randn(T, G * K, device=DEV, generator=gen)
+            out = torch.empty(T, N, device=DEV)
+
+            def fn(x=x, out=out, ws=ws, N=N, K=K, G=G, config=None):
+                for w in ws:
+                    Q.q8_matmul(x, w, N, K, groups=G, out=out, config=config)
+            ms = time_graph(fn, C)
+            nbytes = wbytes + x.numel() * 4 + out.numel() * 4
+            results.append(case(f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else ""), T, nbytes, ms, bw,
+                                kind="q8", tensor=name))
+            if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp"):
+                for cfg in (((32, 8), (8, 4), (32, 4), (64, 8)) if T == 1 else ((16, 4), (8, 2), (16, 8))):
+                    sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
+                        f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
+                        kind="sweep_q8", tensor=name, config=list(cfg))))
+
+
+def model_bytes_per_token(mix: str) -> dict:
+    """Bytes one decode token must read, from the Flash shapes (spec ds4_architecture.md §2)."""
+    q8 = lambda n, k: n * k // 32 * 34  # noqa: E731
+    f16 = lambda n, k: 2 * n * k  # noqa: E731
+    per_layer_q8 = sum(q8(n, k) for _, n, k, _ in Q8_LAYER)
+    routed = K_SLOTS * expert_bytes(MIXES[mix])
+    small_f16 = 2 * f16(24, 4 * D) + f16(E, D)                         # hc_attn_fn, hc_ffn_fn, router
+    ratio4 = 2 * f16(1024, D) + f16(4, 1024)                            # attention compressor kv, gate, ape
+    ratio128 = 2 * f16(512, D) + f16(128, 512)
+    indexer = f16(8192, 1024) + f16(64, D) + 2 * f16(256, D) + f16(4, 256)   # ratio-4 layers, long context
+    n4, n128 = 21, 20                                                   # layers 2,4..42 and 3,5..41
+    layers = N_LAYER * (per_layer_q8 + routed + small_f16) + n4 * ratio4 + n128 * ratio128
+    head = q8(N_VOCAB, D) + f16(4, 4 * D) + 2 * D                       # LM head, output HC, embedding row
+    return dict(q8_per_layer=per_layer_q8, routed_per_layer=routed, f16_small_per_layer=small_f16,
+                compressors_total=n4 * ratio4 + n128 * ratio128, indexers_total=n4 * indexer, lm_head=head,
+                total=layers + head, total_long_context=layers + head + n4 * indexer)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    l2 = int(getattr(props, "L2_cache_size", 50 << 20))
+    info = dict(gpu=props.name, sm=props.multi_processor_count, l2_bytes=l2, torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    log(f"{info}")
+    bw = copy_bandwidth()
+    log(f"copy bandwidth (2 GiB device-to-device, read + write): {bw / 1e12:.3f} TB/s")
+    results: list = []
+    sweeps: list | None = None if args.no_sweep else []
+    bench_moe("q2", bw, l2, results, sweeps)
+    bench_q8(bw, l2, results, sweeps)
+    bench_moe("q4", bw, l2, results, None)
+    for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
+        if time.time() > START + args.budget - 6:
+            log(f"budget reached: {len(sweeps) - i} sweep cases not run")
+            break
+        thunk()
+
+    def t_of(pred) -> float:
+        rows = [r for r in results if pred(r)]
+        return rows[0]["time_us"] if rows else float("nan")
+
+    summary = {}
+    for mix in MIXES:
+        mb = model_bytes_per_token(mix)
+        for T in (1, 4):
+            moe_us = t_of(lambda r: r["kind"] == "moe" and r["mix"] == mix and r["routing"] == "random" and r["T"] == T)
+            q8_us = sum(t_of(lambda r, n=n: r["kind"] == "q8" and r["tensor"] == n and r["T"] == T)
+                        for n, *_ in Q8_LAYER)
+            head_us = t_of(lambda r: r["kind"] == "q8" and r["tensor"] == "output" and r["T"] == T)
+            f16_floor_us = (N_LAYER * mb["f16_small_per_layer"] + mb["compressors_total"]) / bw * 1e6
+            step_us = N_LAYER * (moe_us + q8_us) + f16_floor_us + head_us
+            summary[f"{mix}_T{T}"] = dict(layer_moe_us=moe_us, layer_q8_us=q8_us, lm_head_us=head_us,
+                                          f16_at_floor_us=f16_floor_us, step_us=step_us,
+                                          tokens_per_s=T / step_us * 1e6 if T == 1 else None,
+                                          steps_per_s=1e6 / step_us)
+        summary[f"{mix}_floor"] = dict(bytes_per_token=mb, floor_us=mb["total"] / bw * 1e6,
+                                       floor_tokens_per_s=bw / mb["total"],
+                                       floor_tokens_per_s_long_context=bw / mb["total_long_context"])
+
+    # ---- compact table, last ----
+    print("\n=== kernels at Flash shapes:", info["gpu"], f"| copy bandwidth {bw / 1e12:.3f} TB/s ===")
+    print(f"{'case':40s} {'T':>3s} {'MB':>9s} {'floor us':>9s} {'us':>9s} {'% floor':>8s}")
+    for r in results:
+        if r["kind"].startswith("sweep"):
+            continue
+        print(f"{r['name']:40s} {r['T']:3d} {r['bytes'] / 1e6:9.2f} {r['floor_us']:9.2f} {r['time_us']:9.2f} "
+              f"{100 * r['fraction']:7.1f}%")
+    sweeps = [r for r in results if r["kind"].startswith("sweep")]
+    if sweeps:
+        print("sweeps (rows per program, warps):")
+        for r in sweeps:
+            print(f"  {r.get('mix', r.get('tensor'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
+    for mix in MIXES:
+        s1, s4, fl = summary[f"{mix}_T1"], summary[f"{mix}_T4"], summary[f"{mix}_floor"]
+        print(f"{mix} decode step (T=1): 43 x (MoE {s1['layer_moe_us']:.1f} + Q8_0 {s1['layer_q8_us']:.1f}) us "
+              f"+ F16 at floor {s1['f16_at_floor_us']:.0f} us + LM head {s1['lm_head_us']:.1f} us = "
+              f"{s1['step_us'] / 1e3:.2f} ms -> {s1['tokens_per_s']:.0f} tok/s; whole-model floor "
+              f"{fl['bytes_per_token']['total'] / 1e9:.2f} GB/token -> {fl['floor_tokens_per_s']:.0f} tok/s "
+              f"({100 * fl['floor_us'] / s1['step_us']:.0f} % of floor)")
+        print(f"{mix} verify step (T=4, random routing): {s4['step_us'] / 1e3:.2f} ms = "
+              f"{s4['step_us'] / s1['step_us']:.2f} x the T=1 step")
+    shared = {mix: [(r["T"], r["time_us"]) for r in results if r["kind"] == "moe" and r["mix"] == mix
+                    and r["routing"] == "shared"] for mix in MIXES}
+    for mix in MIXES:
+        t1 = t_of(lambda r: r["kind"] == "moe" and r["mix"] == mix and r["routing"] == "random" and r["T"] == 1)
+        print(f"{mix} MoE, all T tokens on the same 6 experts, time / T=1 time: "
+              + ", ".join(f"T={T}: {us / t1:.2f}" for T, us in shared[mix]))
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        path = os.path.join(out_dir, "bench_kernels.json")
+        with open(path, "w") as f:
+            json.dump(dict(info=info, copy_bandwidth_bytes_per_s=bw, results=results, summary=summary), f, indent=1)
+        print(f"wrote {path}")
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
