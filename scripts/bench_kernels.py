@@ -79,6 +79,15 @@ def time_graph(fn, calls: int, rep_ms: int = 30) -> float:
     return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") / calls
 
 
+def guarded(label: str, results: list, thunk) -> None:
+    """Run one case; a failure is logged and recorded, and the benchmark goes on to the next case."""
+    try:
+        thunk()
+    except Exception as e:  # noqa: BLE001 -- keep the table of the cases that ran
+        log(f"{label}: FAILED {type(e).__name__}: {e}")
+        results.append(dict(name=label, kind="error", error=f"{type(e).__name__}: {e}"))
+
+
 def case(name: str, T: int, nbytes: float, ms: float, bw: float, **extra) -> dict:
     floor_us = nbytes / bw * 1e6
     us = ms * 1e3
@@ -135,8 +144,8 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             def fn(sets=sets, ws=ws, out=out, **cfg):
                 for v, ids, w in sets:
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
-            ms = time_graph(fn, R)
-            results.append(case(f"moe {mix} {routing}", T, nbytes / R, ms, bw, kind="moe", mix=mix, routing=routing))
+            guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
+                case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
             if sweeps is not None and ((routing, T) in (("random", 1), ("shared", 4))):
                 key = "single_config" if T == 1 else "multi_config"
                 for cfg in (((32, 8), (8, 4), (16, 8), (32, 4)) if T == 1 else ((32, 4), (64, 4), (128, 8))):
@@ -158,10 +167,10 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             def fn(x=x, out=out, ws=ws, N=N, K=K, G=G, config=None):
                 for w in ws:
                     Q.q8_matmul(x, w, N, K, groups=G, out=out, config=config)
-            ms = time_graph(fn, C)
             nbytes = wbytes + x.numel() * 4 + out.numel() * 4
-            results.append(case(f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else ""), T, nbytes, ms, bw,
-                                kind="q8", tensor=name))
+            label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
+            guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
+                case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
             if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp"):
                 for cfg in (((32, 8), (8, 4), (32, 4), (64, 8)) if T == 1 else ((16, 4), (8, 2), (16, 8))):
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
@@ -211,7 +220,7 @@ def main() -> int:
         if time.time() > START + args.budget - 6:
             log(f"budget reached: {len(sweeps) - i} sweep cases not run")
             break
-        thunk()
+        guarded(f"sweep {i}", results, thunk)
 
     def t_of(pred) -> float:
         rows = [r for r in results if pred(r)]
@@ -239,7 +248,7 @@ def main() -> int:
     print("\n=== kernels at Flash shapes:", info["gpu"], f"| copy bandwidth {bw / 1e12:.3f} TB/s ===")
     print(f"{'case':40s} {'T':>3s} {'MB':>9s} {'floor us':>9s} {'us':>9s} {'% floor':>8s}")
     for r in results:
-        if r["kind"].startswith("sweep"):
+        if r["kind"].startswith("sweep") or r["kind"] == "error":
             continue
         print(f"{r['name']:40s} {r['T']:3d} {r['bytes'] / 1e6:9.2f} {r['floor_us']:9.2f} {r['time_us']:9.2f} "
               f"{100 * r['fraction']:7.1f}%")
@@ -248,6 +257,9 @@ def main() -> int:
         print("sweeps (rows per program, warps):")
         for r in sweeps:
             print(f"  {r.get('mix', r.get('tensor'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
+    for r in results:
+        if r["kind"] == "error":
+            print(f"FAILED {r['name']}: {r['error'][:200]}")
     for mix in MIXES:
         s1, s4, fl = summary[f"{mix}_T1"], summary[f"{mix}_T4"], summary[f"{mix}_floor"]
         print(f"{mix} decode step (T=1): 43 x (MoE {s1['layer_moe_us']:.1f} + Q8_0 {s1['layer_q8_us']:.1f}) us "

