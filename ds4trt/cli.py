@@ -319,16 +319,22 @@ def run(argv: list[str] | None = None) -> int:
         conv.append("assistant", tok.decode(reply))
 
 
+def _main(prog: str, command, argv: list[str] | None) -> None:
+    """Run a command; a Ds4Error becomes one line on stderr and exit status 1."""
+    try:
+        sys.exit(command(argv))
+    except Ds4Error as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
 def run_main(argv: list[str] | None = None) -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a generated character
     try:
-        sys.exit(run(argv))
-    except Ds4Error as e:
-        print(f"ds4-run: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        _main("ds4-run", run, argv)
     except BrokenPipeError:  # stdout closed by the reader (ds4-run ... | head): stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
@@ -485,10 +491,4 @@ def _check_tensorrt(directory) -> int:
 
 
 def build_main(argv: list[str] | None = None) -> None:
-    try:
-        sys.exit(build(argv))
-    except Ds4Error as e:
-        print(f"ds4-build: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    _main("ds4-build", build, argv)

@@ -63,6 +63,18 @@ class IOSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
+def row_fields(outputs) -> list[list[str]]:
+    """Per layer, the LayerRows fields of the graph outputs named 'rows.{layer}.{field}', in output order."""
+    fields: list[list[str]] = []
+    for s in outputs:
+        if s.name.startswith("rows."):
+            layer, field = s.name.split(".")[1:]
+            while len(fields) <= int(layer):
+                fields.append([])
+            fields[int(layer)].append(field)
+    return fields
+
+
 def sha256_file(path: Path, progress=None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -48,13 +48,7 @@ class OrtStep:
                 raise Ds4Error(f"{self.path}: input {spec.name} is {got.shape if got else 'missing'}, "
                                f"the manifest says {list(spec.shape)}")
         self.cache_specs = [s for s in inputs if s.name.startswith("cache.")]
-        self.row_fields: list[list[str]] = []
-        for s in outputs:
-            if s.name.startswith("rows."):
-                layer, field = s.name.split(".")[1:]
-                while len(self.row_fields) <= int(layer):
-                    self.row_fields.append([])
-                self.row_fields[int(layer)].append(field)
+        self.row_fields = M.row_fields(outputs)
 
     def _run(self, feeds: dict, caches: list[LayerCache], last_only: bool):
         flat = [t for c in caches for t in c.tensors().values()]

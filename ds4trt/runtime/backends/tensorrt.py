@@ -140,13 +140,7 @@ class TrtStep:
         self.graphs: dict[tuple[int, int], object] = {}          # (profile, T) -> torch.cuda.CUDAGraph | None
         self.cache_names = [s.name for s in inputs if s.name.startswith("cache.")]
         self.dynamic = [s.name for s in inputs if "T" in s.shape]
-        self.row_fields: list[list[str]] = []
-        for s in outputs:
-            if s.name.startswith("rows."):
-                layer, f = s.name.split(".")[1:]
-                while len(self.row_fields) <= int(layer):
-                    self.row_fields.append([])
-                self.row_fields[int(layer)].append(f)
+        self.row_fields = M.row_fields(outputs)
         self.owner = None                                        # the adopted CacheState's layers
 
     def _check_io(self, trt) -> None:
