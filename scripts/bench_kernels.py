@@ -11,7 +11,8 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   2. the Q8_0 projections of a layer and the LM head, T = 1 and 4;
-  3. small sweeps of the launch shapes (rows per program, warps), while the time budget lasts.
+  3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]) and
+     of the one-pair MoE kernels' register prefetch, while the time budget lasts.
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -146,9 +147,15 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
-            if sweeps is not None and ((routing, T) in (("random", 1), ("shared", 4))):
+            if sweeps is not None and routing == "random" and T == 1:
+                for pf in (False, True):
+                    sweeps.append(lambda pf=pf, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
+                        f"  sweep prefetch={pf}", T, nb, time_graph(lambda: fn(prefetch=pf), R), bw,
+                        kind="sweep_moe", mix=mix, routing="random", config=[pf])))
+            if sweeps is not None and mix == "q2" and ((routing, T) in (("random", 1), ("shared", 4))):
                 key = "single_config" if T == 1 else "multi_config"
-                for cfg in (((32, 8), (8, 4), (16, 8), (32, 4)) if T == 1 else ((32, 4), (64, 4), (128, 8))):
+                for cfg in (((16, 4, None), (32, 8), (8, 4), (16, 8), (32, 4)) if T == 1
+                            else ((32, 4), (64, 4), (128, 8))):
                     sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R, key=key, routing=routing: results.append(case(
                         f"  sweep {key}={cfg}", T, nb, time_graph(lambda: fn(**{key: cfg}), R), bw,
                         kind="sweep_moe", mix=mix, routing=routing, config=list(cfg))))
@@ -215,7 +222,7 @@ def main() -> int:
     sweeps: list | None = None if args.no_sweep else []
     bench_moe("q2", bw, l2, results, sweeps)
     bench_q8(bw, l2, results, sweeps)
-    bench_moe("q4", bw, l2, results, None)
+    bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
         if time.time() > START + args.budget - 6:
             log(f"budget reached: {len(sweeps) - i} sweep cases not run")

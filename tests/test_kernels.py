@@ -102,12 +102,12 @@ def _moe_ref64(v, ids, w, deq, clamp):
     return out
 
 
-def _run_moe(v, ids, w, blocks, types):
+def _run_moe(v, ids, w, blocks, types, **kw):
     T, D = v.shape
     F = blocks[0].shape[1]
     out = _nan(T, D)
     got = moe_triton.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out,
-                                 workspace=_poisoned_workspace(T, ids.shape[1], D, F))
+                                 workspace=_poisoned_workspace(T, ids.shape[1], D, F), **kw)
     assert got.data_ptr() == out.data_ptr()
     return got
 
@@ -151,6 +151,19 @@ def test_moe_small_vs_float64_and_contract(mix, T):
     contract = moe_op.moe_reference(v, ids, w, *blocks, gate_type=types[0], up_type=types[1], down_type=types[2],
                                     n_expert=8, expert_ff=256, n_embd=512, clamp=CLAMP)
     assert _rel(got, torch.from_numpy(contract)) <= TOL
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
+    """Both forms of the one-pair inner loop (the default picks one per type; the benchmark times both)."""
+    types = MIXES[mix]
+    v, ids, w, blocks = _small_case(types, seed=_seed(mix, prefetch), T=1)
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types, prefetch=prefetch)
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+           for e in np.unique(ids)}
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
 @pytest.mark.parametrize("T", [1, 9])
@@ -330,10 +343,13 @@ def test_every_variant_compiles_for_sm90():
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10)):
             for D, F in ((512, 256), (4096, 2048)):
                 ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                   M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=M.SINGLE_BR, num_warps=M.SINGLE_WARPS, grid=(1,)))
-                ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256,
-                   DT=dt, BR=M.SINGLE_BR, num_warps=M.SINGLE_WARPS, grid=(1,)))
+                for pf in (False, True):
+                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
+                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=M.SINGLE_BR, GPF=pf, UPF=pf,
+                       num_warps=M.SINGLE_WARPS, maxnreg=M.SINGLE_MAXNREG, grid=(1,)))
+                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
+                       NSB=F // 256, DT=dt, BR=M.SINGLE_BR, DPF=pf, num_warps=M.SINGLE_WARPS,
+                       maxnreg=M.SINGLE_MAXNREG, grid=(1,)))
                 (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
                 ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
                    NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=M.MULTI_BR,
@@ -351,7 +367,8 @@ def test_every_variant_compiles_for_sm90():
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w in ((32, 8), (8, 4), (16, 8), (32, 4)):
             ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * 1056,
-               2048 * 1056, 10.0, M.ONE_BITS, NSB=16, GT=16, UT=16, BR=br, num_warps=w, grid=(1,)))
+               2048 * 1056, 10.0, M.ONE_BITS, NSB=16, GT=16, UT=16, BR=br, GPF=False, UPF=False, num_warps=w,
+               grid=(1,)))
             ok(Q._q8_fma.warmup(f32, u8, f32, 1, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, TP=1, num_warps=w,
                                 grid=(1,)))
         for br, w in ((32, 4), (64, 4), (128, 8)):

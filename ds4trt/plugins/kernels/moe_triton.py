@@ -7,7 +7,7 @@
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. Four launches (five when T > 1), no host synchronization, so a CUDA graph can capture a call:
+registers. Four launches (six when T > 1), no host synchronization, so a CUDA graph can capture a call:
 
   1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
@@ -17,8 +17,8 @@ registers. Four launches (five when T > 1), no host synchronization, so a CUDA g
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
-Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the dequantized
-values (the decode case). `_multi` serves items of 2..16 pairs (T > 1, tokens sharing an expert), so one
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values
+(the decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..16 pairs (T > 1, tokens sharing an expert), so one
 read of the expert's rows serves every token routed to it: the blocks become exact small integers in fp16
 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
 per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
@@ -46,8 +46,9 @@ Block layouts decoded here (ggml; spec ds4_architecture.md §2.8), 256 values pe
                 = 8 + c * (16.5 + c/2)), built at import from gguf's own grid and ksigns tables.
 
 Offsets into the expert tensors are int64 (E * rows * row bytes reaches 1.2e9 for Flash Q4_K; the margin
-to 2^31 is small). The blocks of a 66-byte type are only 2-byte aligned, so multi-byte fields are read
-as fp16 / uint16 (never as 4-byte words).
+to 2^31 is small). Alignment: Q4_K blocks (144 B) keep their quants 16-byte aligned and Q2_K blocks (84 B)
+4-byte aligned, so those are read as 32-bit words; IQ2_XXS blocks (66 B) are only 2-byte aligned, so their
+fields are read as fp16 / uint16 / bytes, never as 4-byte words.
 """
 
 from __future__ import annotations
@@ -69,8 +70,12 @@ ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_r
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
 # Launch shapes: rows per program and warps. Chosen from the compiled code's register counts; see
 # scripts/bench_kernels.py for the sweep to re-tune them on the GPU.
-SINGLE_BR, SINGLE_WARPS = 16, 4
+SINGLE_BR, SINGLE_WARPS, SINGLE_MAXNREG = 16, 4, 80      # 80 registers: 6 programs of 4 warps per SM
 MULTI_BR, MULTI_WARPS = 64, 8
+# Register prefetch of the next block in the one-pair kernels, by type: on where it costs no registers in the
+# compiled code (Q4_K: 80 either way); off where it does (Q2_K 80 -> 128, IQ2_XXS 80 -> 96 registers, fewer
+# programs per SM). scripts/bench_kernels.py times both.
+PREFETCH_BY_TYPE = {Q2_K: False, Q4_K: True, IQ2_XXS: False}
 
 
 @functools.cache
@@ -184,8 +189,78 @@ def _to_bit(w, b, T: tl.constexpr):
 
 
 @triton.jit
+def _q2k_raw(ptr, base, c, sb):
+    """Raw loads of block sb for the Q2_K run tile (see _fma_rows)."""
+    blk = base + sb * 84
+    wp = ptr + (blk + 16 + 32 * (c >> 3) + 16 * (c & 1))[:, None] + 4 * tl.arange(0, 4)[None, :]
+    w = tl.load(wp.to(tl.pointer_type(tl.uint32)))
+    sc = tl.load(ptr + blk + c).to(tl.int32)
+    return w, sc, _ld_f16(ptr, blk + 80), _ld_f16(ptr, blk + 82)
+
+
+@triton.jit
+def _q4k_raw(ptr, base, c, sb):
+    """Raw loads of block sb for the Q4_K run tile (see _fma_rows)."""
+    blk = base + sb * 144
+    wp = ptr + (blk + 16 + 32 * (c >> 1))[:, None] + 4 * tl.arange(0, 8)[None, :]
+    w = tl.load(wp.to(tl.pointer_type(tl.uint32)))
+    bs = tl.load(ptr + blk + (4 + c)).to(tl.int32)           # B[s]
+    bs4 = tl.load(ptr + blk + (8 + c)).to(tl.int32)          # B[s+4]
+    bsm4 = tl.load(ptr + blk + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
+    return w, bs, bs4, bsm4, _ld_f16(ptr, blk), _ld_f16(ptr, blk + 2)
+
+
+@triton.jit
+def _iq2_raw(ptr, gbase, g, sb):
+    """Raw loads of block sb for the IQ2_XXS group tile (see _fma_rows): the group fields."""
+    gb = gbase + sb * 66
+    idx = tl.load(ptr + gb[:, None] + 2 + tl.arange(0, 4)[None, :]).to(tl.int32)           # A bytes
+    return _ld_u16(ptr, gb + 6), _ld_u16(ptr, gb + 8), _ld_f16(ptr, gb - 8 * g), idx
+
+
+@triton.jit
+def _q2k_dot(acc, w, sc, d, dmin, x, c, b, ONE):
+    w = w >> (2 * ((c >> 1) & 3))[:, None]
+    f = ((_to_bit(_expand4(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)       # 1 + q/4
+    a = 4.0 * d * (sc & 15).to(tl.float32)
+    bb = -(a + dmin * (sc >> 4).to(tl.float32))
+    return acc + (f * a[:, None, None] + bb[:, None, None]) * x
+
+
+@triton.jit
+def _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, x, c, b, ONE):
+    w = w >> (4 * (c & 1))[:, None]
+    f = ((_to_bit(_expand4(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)       # 1 + q/16
+    low = c < 4
+    sc = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
+    m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
+    a = 16.0 * d * sc
+    bb = -(a + dmin * m)
+    return acc + (f * a[:, None, None] + bb[:, None, None]) * x
+
+
+@triton.jit
+def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE, G: tl.constexpr):
+    l = tl.arange(0, 4)[None, :]
+    wd = tl.arange(0, 2)[None, None, :]
+    b4 = tl.arange(0, 4)[None, None, None, :]
+    dl = d * (0.125 * (2 * (hi >> 12) + 1).to(tl.float32))                                  # d (2s+1) / 8
+    sidx = ((lo | (hi << 16))[:, None] >> (7 * l)) & 127
+    codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                                    # [G, 4]
+    signs = tl.load(ksigns_ptr + sidx).to(tl.int32)
+    cw = tl.reshape(_expand4(tl.reshape(codes[:, :, None] >> (8 * wd), (G, 8))), (G, 4, 2, 4))
+    sw = tl.reshape(_expand4(tl.reshape(signs[:, :, None] >> (4 * wd), (G, 8))), (G, 4, 2, 4))
+    f = (((cw << (21 - 2 * b4)) & 0x00600000) | ONE).to(tl.float32, bitcast=True)             # 1 + code/4
+    a8 = (8.0 * dl)[:, None, None, None]
+    a50 = (50.0 * dl)[:, None, None, None]
+    mag = f * (f * a8 + a50) - a50                                                           # dl * (8, 25, 43)
+    val = (mag.to(tl.int32, bitcast=True) ^ ((sw << (31 - b4)) & -2147483648)).to(tl.float32, bitcast=True)
+    return acc + val * x
+
+
+@triton.jit
 def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
-              TYPE: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr):
+              TYPE: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr, PREFETCH: tl.constexpr):
     """[BR] float32: rows row0..row0+BR of the expert at byte offset expert_off, dotted with x_ptr[0:256*NSB].
 
     The decode-case inner loop (float32 FMA). Each value becomes one FMA of a float f in [1, 2) built from its
@@ -194,73 +269,63 @@ def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
     Q4_K f = 1 + q/16, value = f * 16dS - (16dS + dmin m) (one rounding of the per-run constant, ~1e-7
     relative); IQ2_XXS f = 1 + code/4, magnitude = 8f^2 + 50f - 50 (8, 25, 43: exact), sign bit xor-ed in.
     The run-dependent part of each shift is applied once per 32-bit word before the word is expanded to
-    its 4 values, so the per-value shifts are constants."""
+    its 4 values, so the per-value shifts are constants.
+    PREFETCH: load the next block's weight bytes before computing the current one (two blocks in flight per
+    program; costs registers, so occupancy, for some types: see PREFETCH_BY_TYPE)."""
     b = tl.arange(0, 4)[None, None, :]
     if TYPE == 10:  # Q2_K: tile [run c = 8n + 2j + h, word, byte]; run c = qs[32n + 16h + 0..15] >> 2j
         j = tl.arange(0, BR * 16)
         c = j % 16
         base = expert_off + (row0 + j // 16).to(tl.int64) * (NSB * 84)
-        wi = tl.arange(0, 4)[None, :]
-        xoff = (16 * c)[:, None, None] + 4 * wi[:, :, None] + b
+        xoff = (16 * c)[:, None, None] + 4 * tl.arange(0, 4)[None, :, None] + b
         acc = tl.zeros([BR * 16, 4, 4], tl.float32)
-        for sb in range(0, NSB):
-            blk = base + sb * 84
-            wp = ptr + (blk + 16 + 32 * (c >> 3) + 16 * (c & 1))[:, None] + 4 * wi
-            w = tl.load(wp.to(tl.pointer_type(tl.uint32))) >> (2 * ((c >> 1) & 3))[:, None]
-            f = ((_to_bit(_expand4(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)
-            sc = tl.load(ptr + blk + c).to(tl.int32)
-            a = 4.0 * _ld_f16(ptr, blk + 80) * (sc & 15).to(tl.float32)
-            bb = -(a + _ld_f16(ptr, blk + 82) * (sc >> 4).to(tl.float32))
-            acc += (f * a[:, None, None] + bb[:, None, None]) * tl.load(x_ptr + sb * 256 + xoff)
+        if PREFETCH:
+            w, sc, d, dmin = _q2k_raw(ptr, base, c, 0)
+            for sb in range(0, NSB):
+                nw, nsc, nd, ndmin = _q2k_raw(ptr, base, c, tl.minimum(sb + 1, NSB - 1))
+                acc = _q2k_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
+                w, sc, d, dmin = nw, nsc, nd, ndmin
+        else:
+            for sb in range(0, NSB):
+                w, sc, d, dmin = _q2k_raw(ptr, base, c, sb)
+                acc = _q2k_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
         return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 16)), axis=1)
     elif TYPE == 12:  # Q4_K: tile [run s, word, byte]; run s = qs[32(s>>1) + 0..31] >> 4(s&1)
         j = tl.arange(0, BR * 8)
         c = j % 8
         base = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 144)
-        wi = tl.arange(0, 8)[None, :]
-        xoff = (32 * c)[:, None, None] + 4 * wi[:, :, None] + b
-        low = c < 4
+        xoff = (32 * c)[:, None, None] + 4 * tl.arange(0, 8)[None, :, None] + b
         acc = tl.zeros([BR * 8, 8, 4], tl.float32)
-        for sb in range(0, NSB):
-            blk = base + sb * 144
-            wp = ptr + (blk + 16 + 32 * (c >> 1))[:, None] + 4 * wi
-            w = tl.load(wp.to(tl.pointer_type(tl.uint32))) >> (4 * (c & 1))[:, None]
-            f = ((_to_bit(_expand4(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)
-            bs = tl.load(ptr + blk + (4 + c)).to(tl.int32)           # B[s]
-            bs4 = tl.load(ptr + blk + (8 + c)).to(tl.int32)          # B[s+4]
-            bsm4 = tl.load(ptr + blk + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
-            sc = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
-            m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
-            a = 16.0 * _ld_f16(ptr, blk) * sc
-            bb = -(a + _ld_f16(ptr, blk + 2) * m)
-            acc += (f * a[:, None, None] + bb[:, None, None]) * tl.load(x_ptr + sb * 256 + xoff)
+        if PREFETCH:
+            w, bs, bs4, bsm4, d, dmin = _q4k_raw(ptr, base, c, 0)
+            for sb in range(0, NSB):
+                nw, nbs, nbs4, nbsm4, nd, ndmin = _q4k_raw(ptr, base, c, tl.minimum(sb + 1, NSB - 1))
+                acc = _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
+                w, bs, bs4, bsm4, d, dmin = nw, nbs, nbs4, nbsm4, nd, ndmin
+        else:
+            for sb in range(0, NSB):
+                w, bs, bs4, bsm4, d, dmin = _q4k_raw(ptr, base, c, sb)
+                acc = _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
         return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 8)), axis=1)
     else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b
         j = tl.arange(0, BR * 8)
         g = j % 8
         gbase = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 66) + 8 * g     # group fields, minus 2
-        l = tl.arange(0, 4)[None, :]
-        w = tl.arange(0, 2)[None, None, :]
-        b4 = tl.arange(0, 4)[None, None, None, :]
-        xoff = (32 * g)[:, None, None, None] + 8 * l[:, :, None, None] + 4 * w[:, :, :, None] + b4
+        xoff = ((32 * g)[:, None, None, None] + 8 * tl.arange(0, 4)[None, :, None, None]
+                + 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :])
         acc = tl.zeros([BR * 8, 4, 2, 4], tl.float32)
-        for sb in range(0, NSB):
-            gb = gbase + sb * 66
-            lo = _ld_u16(ptr, gb + 6)
-            hi = _ld_u16(ptr, gb + 8)
-            dl = _ld_f16(ptr, gb - 8 * g) * (0.125 * (2 * (hi >> 12) + 1).to(tl.float32))    # d (2s+1) / 8
-            idx = tl.load(ptr + gb[:, None] + 2 + l).to(tl.int32)                             # A bytes
-            sidx = ((lo | (hi << 16))[:, None] >> (7 * l)) & 127
-            codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                             # [G, 4]
-            signs = tl.load(ksigns_ptr + sidx).to(tl.int32)
-            cw = tl.reshape(_expand4(tl.reshape(codes[:, :, None] >> (8 * w), (BR * 8, 8))), (BR * 8, 4, 2, 4))
-            sw = tl.reshape(_expand4(tl.reshape(signs[:, :, None] >> (4 * w), (BR * 8, 8))), (BR * 8, 4, 2, 4))
-            f = (((cw << (21 - 2 * b4)) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + code/4
-            a8 = (8.0 * dl)[:, None, None, None]
-            a50 = (50.0 * dl)[:, None, None, None]
-            mag = f * (f * a8 + a50) - a50                                                   # dl * (8, 25, 43)
-            val = (mag.to(tl.int32, bitcast=True) ^ ((sw << (31 - b4)) & -2147483648)).to(tl.float32, bitcast=True)
-            acc += val * tl.load(x_ptr + sb * 256 + xoff)
+        if PREFETCH:
+            lo, hi, d, idx = _iq2_raw(ptr, gbase, g, 0)
+            for sb in range(0, NSB):
+                nlo, nhi, nd, nidx = _iq2_raw(ptr, gbase, g, tl.minimum(sb + 1, NSB - 1))
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
+                               BR * 8)
+                lo, hi, d, idx = nlo, nhi, nd, nidx
+        else:
+            for sb in range(0, NSB):
+                lo, hi, d, idx = _iq2_raw(ptr, gbase, g, sb)
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
+                               BR * 8)
         return tl.sum(tl.reshape(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), (BR, 8)), axis=1)
 
 
@@ -342,7 +407,7 @@ def _moe_items(ids_ptr, order_ptr, cnt_ptr, P, ITEM_CAP: tl.constexpr, PB: tl.co
 @triton.jit
 def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
                        n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
-                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr):
+                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr, UPF: tl.constexpr):
     """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t), float32 FMA."""
     item = tl.program_id(0)
     cnt = tl.load(cnt_ptr + item)
@@ -351,15 +416,16 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up
         e = tl.load(ids_ptr + pair).to(tl.int64)
         x_ptr = v_ptr + (pair // n_slots).to(tl.int64) * (NSB * 256)
         row0 = tl.program_id(1) * BR
-        g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR)
-        u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR)
+        g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR, GPF)
+        u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
         w = tl.load(wts_ptr + pair)
         tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
 
 
 @triton.jit
 def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
-                     D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr):
+                     D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
+                     DPF: tl.constexpr):
     """Items of one pair: y[pair, rows] = down_e h[pair], float32 FMA."""
     item = tl.program_id(0)
     cnt = tl.load(cnt_ptr + item)
@@ -368,7 +434,7 @@ def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_p
         e = tl.load(ids_ptr + pair).to(tl.int64)
         row0 = tl.program_id(1) * BR
         y = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_ptr + pair.to(tl.int64) * (NSB * 256),
-                      grid_ptr, ksigns_ptr, ONE, DT, NSB, BR)
+                      grid_ptr, ksigns_ptr, ONE, DT, NSB, BR, DPF)
         tl.store(y_ptr + pair.to(tl.int64) * D + row0 + tl.arange(0, BR), y)
 
 
@@ -506,13 +572,14 @@ class MoEWorkspace:
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                single_config: tuple[int, int] = (SINGLE_BR, SINGLE_WARPS),
-                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS)) -> torch.Tensor:
+                single_config: tuple[int, ...] = (SINGLE_BR, SINGLE_WARPS, SINGLE_MAXNREG),
+                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS), prefetch: bool | None = None) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given). ids must lie in [0, E): they are not checked here (that would
     need a host synchronization); the router guarantees it. The configs are (rows per program, warps) of the
-    one-pair and the multi-pair kernels (benchmark sweeps)."""
+    one-pair kernels (and their register cap, None for none) and of the multi-pair kernels; prefetch overrides
+    PREFETCH_BY_TYPE (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
@@ -527,7 +594,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
     if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
         raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
-    (sbr, swarps), (mbr, mwarps) = single_config, multi_config
+    (sbr, swarps, *smaxnreg), (mbr, mwarps) = single_config, multi_config
+    sreg = dict(maxnreg=smaxnreg[0]) if smaxnreg and smaxnreg[0] else {}
     if F % sbr or D % sbr or F % mbr or D % mbr:
         raise ValueError(f"moe_forward: row tiles {sbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
@@ -546,14 +614,16 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     gu_args = (v, ids, weights, ws.order, ws.cnt, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue,
                float(clamp))
     dn_args = (ws.h, ids, ws.order, ws.cnt, down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
+    pf = (lambda t: PREFETCH_BY_TYPE[t]) if prefetch is None else (lambda t: prefetch)
     _moe_gateup_single[(P, F // sbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=sbr,
-                                      num_warps=swarps)
+                                      GPF=pf(gate_type), UPF=pf(up_type), num_warps=swarps, **sreg)
     if item_cap > 1:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(P, F // mbr)](*gu_args, NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type,
                                          UBS=ubs, UNS=uns, UL=ul, BR=mbr, num_warps=mwarps)
-    _moe_down_single[(P, D // sbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=sbr, num_warps=swarps)
+    _moe_down_single[(P, D // sbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=sbr, DPF=pf(down_type),
+                                    num_warps=swarps, **sreg)
     if item_cap > 1:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(P, D // mbr)](*dn_args, NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl, BR=mbr,
