@@ -148,17 +148,21 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
             if sweeps is not None and routing == "random" and T == 1:
-                for pf in (False, True):
-                    sweeps.append(lambda pf=pf, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
-                        f"  sweep prefetch={pf}", T, nb, time_graph(lambda: fn(prefetch=pf), R), bw,
-                        kind="sweep_moe", mix=mix, routing="random", config=[pf])))
-            if sweeps is not None and mix == "q2" and ((routing, T) in (("random", 1), ("shared", 4))):
-                key = "single_config" if T == 1 else "multi_config"
-                for cfg in (((16, 4, None), (32, 8), (8, 4), (16, 8), (32, 4)) if T == 1
-                            else ((32, 4), (64, 4), (128, 8))):
-                    sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R, key=key, routing=routing: results.append(case(
-                        f"  sweep {key}={cfg}", T, nb, time_graph(lambda: fn(**{key: cfg}), R), bw,
-                        kind="sweep_moe", mix=mix, routing=routing, config=list(cfg))))
+                # one-pair kernels: each block type of the mix in turn, the others at their defaults
+                for t in sorted(set(types)):
+                    for cfg in ((16, 4, None, False), (16, 4, None, True), (32, 4, None, False), (32, 4, None, True),
+                                (32, 8, None, True), (64, 8, None, False)):
+                        if cfg == M.SINGLE_CONFIG[t]:
+                            continue
+                        sc = {t: cfg}
+                        sweeps.append(lambda sc=sc, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
+                            f"  sweep single_config={sc}", T, nb, time_graph(lambda: fn(single_config=sc), R), bw,
+                            kind="sweep_moe", mix=mix, routing="random", config=str(sc))))
+            if sweeps is not None and mix == "q2" and (routing, T) == ("shared", 4):
+                for cfg in ((32, 4), (64, 4), (128, 8)):
+                    sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
+                        f"  sweep multi_config={cfg}", T, nb, time_graph(lambda: fn(multi_config=cfg), R), bw,
+                        kind="sweep_moe", mix=mix, routing="shared", config=list(cfg))))
 
 
 def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
@@ -178,8 +182,8 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
-            if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp"):
-                for cfg in (((32, 8), (8, 4), (32, 4), (64, 8)) if T == 1 else ((16, 4), (8, 2), (16, 8))):
+            if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp", "output"):
+                for cfg in (((16, 4), (64, 8), (32, 4), (16, 8)) if T == 1 else ((16, 4), (8, 2), (16, 8))):
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))

@@ -160,7 +160,8 @@ def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
     types = MIXES[mix]
     v, ids, w, blocks = _small_case(types, seed=_seed(mix, prefetch), T=1)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
-    got = _run_moe(*dev[:3], dev[3:], types, prefetch=prefetch)
+    cfg = {t: (16, 4, None, prefetch) for t in set(types)}
+    got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)
     deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
            for e in np.unique(ids)}
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
@@ -273,7 +274,7 @@ def _q8_check(Ts, N, K, groups, seed):
 
 
 # (N, K, groups): a row count that leaves a partial row tile, K that leaves a partial 8-block step, groups
-Q8_SMALL = [(50, 320, 1), (64, 256, 2), (24, 1056, 1)]
+Q8_SMALL = [(50, 320, 1), (64, 256, 2), (24, 1056, 1), (40, 4096, 1)]   # the last: T = 1 splits K 16 ways
 
 
 @pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
@@ -343,13 +344,17 @@ def test_every_variant_compiles_for_sm90():
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10)):
             for D, F in ((512, 256), (4096, 2048)):
                 ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
-                for pf in (False, True):
+                (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
+                for cfg_g, cfg_d in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
+                                     ((16, 4, None, not gpf), (16, 4, None, not dpf))):
+                    br, w, reg, pf = cfg_g
                     ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=M.SINGLE_BR, GPF=pf, UPF=pf,
-                       num_warps=M.SINGLE_WARPS, maxnreg=M.SINGLE_MAXNREG, grid=(1,)))
+                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, num_warps=w, grid=(1,),
+                       **({"maxnreg": reg} if reg else {})))
+                    br, w, reg, pf = cfg_d
                     ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
-                       NSB=F // 256, DT=dt, BR=M.SINGLE_BR, DPF=pf, num_warps=M.SINGLE_WARPS,
-                       maxnreg=M.SINGLE_MAXNREG, grid=(1,)))
+                       NSB=F // 256, DT=dt, BR=br, DPF=pf, num_warps=w, grid=(1,),
+                       **({"maxnreg": reg} if reg else {})))
                 (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
                 ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
                    NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=M.MULTI_BR,
@@ -359,18 +364,24 @@ def test_every_variant_compiles_for_sm90():
             bs, ns, l = M.LAYOUT[gt]
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
         for K in (1024, 4096, 8192, 320):
+            for steps in (1, 2, 16):
+                ok(Q._q8_row1.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.ROW1_CONFIG[0],
+                                     STEPS=steps, EXACT=(K // 32) % 8 == 0, num_warps=Q.ROW1_CONFIG[1], grid=(1,)))
             for tp, (br, w) in Q.FMA_CONFIG.items():
+                if tp == 1:
+                    continue
                 ok(Q._q8_fma.warmup(f32, u8, f32, tp, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br, TP=tp,
                                     num_warps=w, grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
-        for br, w in ((32, 8), (8, 4), (16, 8), (32, 4)):
-            ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * 1056,
-               2048 * 1056, 10.0, M.ONE_BITS, NSB=16, GT=16, UT=16, BR=br, GPF=False, UPF=False, num_warps=w,
-               grid=(1,)))
-            ok(Q._q8_fma.warmup(f32, u8, f32, 1, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, TP=1, num_warps=w,
-                                grid=(1,)))
+        for br, w, pf in ((16, 4, False), (32, 4, False), (32, 8, True), (64, 8, False)):
+            for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * bs,
+                   2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, num_warps=w, grid=(1,)))
+        for br, w in ((16, 4), (64, 8), (32, 4)):
+            ok(Q._q8_row1.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True,
+                                 num_warps=w, grid=(1,)))
         for br, w in ((32, 4), (64, 4), (128, 8)):
             (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
             ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * 1056,

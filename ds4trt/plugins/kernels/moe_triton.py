@@ -68,14 +68,12 @@ LAYOUT = {Q2_K: (84, 16, 16), Q4_K: (144, 8, 32), IQ2_XXS: (66, 32, 8)}
 QK = 256
 ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_rows)
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
-# Launch shapes: rows per program and warps. Chosen from the compiled code's register counts; see
-# scripts/bench_kernels.py for the sweep to re-tune them on the GPU.
-SINGLE_BR, SINGLE_WARPS, SINGLE_MAXNREG = 16, 4, 80      # 80 registers: 6 programs of 4 warps per SM
+# Launch settings of the one-pair (decode) kernels, by block type: (rows per program, warps, register cap or None,
+# prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
+# value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
+# scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
+SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, True)}
 MULTI_BR, MULTI_WARPS = 64, 8
-# Register prefetch of the next block in the one-pair kernels, by type: on where it costs no registers in the
-# compiled code (Q4_K: 80 either way); off where it does (Q2_K 80 -> 128, IQ2_XXS 80 -> 96 registers, fewer
-# programs per SM). scripts/bench_kernels.py times both.
-PREFETCH_BY_TYPE = {Q2_K: False, Q4_K: True, IQ2_XXS: False}
 
 
 @functools.cache
@@ -189,54 +187,79 @@ def _to_bit(w, b, T: tl.constexpr):
 
 
 @triton.jit
-def _q2k_raw(ptr, base, c, sb):
-    """Raw loads of block sb for the Q2_K run tile (see _fma_rows)."""
-    blk = base + sb * 84
-    wp = ptr + (blk + 16 + 32 * (c >> 3) + 16 * (c & 1))[:, None] + 4 * tl.arange(0, 4)[None, :]
-    w = tl.load(wp.to(tl.pointer_type(tl.uint32)))
-    sc = tl.load(ptr + blk + c).to(tl.int32)
-    return w, sc, _ld_f16(ptr, blk + 80), _ld_f16(ptr, blk + 82)
+def _expand4_3d(w):
+    """[A, B, C] words -> [A, B, C, 4]: each word repeated for its 4 bytes (in-thread copies)."""
+    w = tl.join(w, w)
+    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], w.shape[2], 4))
 
 
 @triton.jit
-def _q4k_raw(ptr, base, c, sb):
-    """Raw loads of block sb for the Q4_K run tile (see _fma_rows)."""
-    blk = base + sb * 144
-    wp = ptr + (blk + 16 + 32 * (c >> 1))[:, None] + 4 * tl.arange(0, 8)[None, :]
-    w = tl.load(wp.to(tl.pointer_type(tl.uint32)))
-    bs = tl.load(ptr + blk + (4 + c)).to(tl.int32)           # B[s]
-    bs4 = tl.load(ptr + blk + (8 + c)).to(tl.int32)          # B[s+4]
-    bsm4 = tl.load(ptr + blk + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
-    return w, bs, bs4, bsm4, _ld_f16(ptr, blk), _ld_f16(ptr, blk + 2)
+def _kq_raw(ptr, blk, c, TYPE: tl.constexpr):
+    """Raw loads of one Q2_K / Q4_K block per row (blk: [BR] byte offsets of the blocks; c: run indices):
+    (words [BR, NS, NW] uint32, per-run scale bytes [BR, NS] int32, d and dmin [BR] as f16 bit patterns).
+    Multi-byte fields are read through a pointer of their own type indexed in elements: a byte pointer cast
+    to uint32 would look to Triton's contiguity analysis like a stride of 4, and the loads would neither be
+    vectorized nor coalesced. Q4_K packs its three scale bytes B[s], B[s+4], B[s-4] into one int."""
+    p32 = ptr.to(tl.pointer_type(tl.uint32))
+    p16 = ptr.to(tl.pointer_type(tl.uint16))
+    if TYPE == 10:  # run c = 8n + 2j + h: qs[32n + 16h + 0..15] (4 words) at shift 2j
+        wi = tl.arange(0, 4)[None, None, :]
+        w = tl.load(p32 + (blk // 4 + 4)[:, None, None] + (8 * (c >> 3) + 4 * (c & 1))[None, :, None] + wi)
+        sc = tl.load(ptr + blk[:, None] + c[None, :]).to(tl.int32)
+        d = tl.load(p16 + (blk // 2 + 40)).to(tl.int32)
+        dmin = tl.load(p16 + (blk // 2 + 41)).to(tl.int32)
+    else:  # Q4_K, run s: qs[32(s>>1) + 0..31] (8 words) at shift 4(s&1)
+        wi = tl.arange(0, 8)[None, None, :]
+        w = tl.load(p32 + (blk // 4 + 4)[:, None, None] + (8 * (c >> 1))[None, :, None] + wi)
+        cc = c[None, :]
+        sc = (tl.load(ptr + blk[:, None] + (4 + cc)).to(tl.int32)
+              | (tl.load(ptr + blk[:, None] + (8 + cc)).to(tl.int32) << 8)
+              | (tl.load(ptr + blk[:, None] + (4 + (cc & 3))).to(tl.int32) << 16))
+        d = tl.load(p16 + blk // 2).to(tl.int32)
+        dmin = tl.load(p16 + (blk // 2 + 1)).to(tl.int32)
+    return w, sc, d, dmin
+
+
+@triton.jit
+def _f16_bits(h):
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _kq_dot(acc, w, sc, d, dmin, x, c, ONE, TYPE: tl.constexpr):
+    """acc [BR, NS, NW] += per word, the sum over its 4 values of value * x (x: [1, NS, NW, 4])."""
+    b = tl.arange(0, 4)[None, None, None, :]
+    d = _f16_bits(d)[:, None]
+    dmin = _f16_bits(dmin)[:, None]
+    if TYPE == 10:
+        w = w >> (2 * ((c >> 1) & 3))[None, :, None]
+        f = ((_to_bit(_expand4_3d(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/4
+        a = 4.0 * d * (sc & 15).to(tl.float32)
+        bb = -(a + dmin * (sc >> 4).to(tl.float32))
+    else:
+        w = w >> (4 * (c & 1))[None, :, None]
+        f = ((_to_bit(_expand4_3d(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/16
+        bs = sc & 255
+        bs4 = (sc >> 8) & 255
+        bsm4 = (sc >> 16) & 255
+        low = (c < 4)[None, :]
+        s6 = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
+        m6 = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
+        a = 16.0 * d * s6
+        bb = -(a + dmin * m6)
+    return acc + tl.sum((f * a[:, :, None, None] + bb[:, :, None, None]) * x, axis=3)
 
 
 @triton.jit
 def _iq2_raw(ptr, gbase, g, sb):
     """Raw loads of block sb for the IQ2_XXS group tile (see _fma_rows): the group fields."""
-    gb = gbase + sb * 66
+    gb = gbase + sb * 66                                    # byte offset of the group's fields minus 2 (even)
     idx = tl.load(ptr + gb[:, None] + 2 + tl.arange(0, 4)[None, :]).to(tl.int32)           # A bytes
-    return _ld_u16(ptr, gb + 6), _ld_u16(ptr, gb + 8), _ld_f16(ptr, gb - 8 * g), idx
-
-
-@triton.jit
-def _q2k_dot(acc, w, sc, d, dmin, x, c, b, ONE):
-    w = w >> (2 * ((c >> 1) & 3))[:, None]
-    f = ((_to_bit(_expand4(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)       # 1 + q/4
-    a = 4.0 * d * (sc & 15).to(tl.float32)
-    bb = -(a + dmin * (sc >> 4).to(tl.float32))
-    return acc + (f * a[:, None, None] + bb[:, None, None]) * x
-
-
-@triton.jit
-def _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, x, c, b, ONE):
-    w = w >> (4 * (c & 1))[:, None]
-    f = ((_to_bit(_expand4(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)       # 1 + q/16
-    low = c < 4
-    sc = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
-    m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
-    a = 16.0 * d * sc
-    bb = -(a + dmin * m)
-    return acc + (f * a[:, None, None] + bb[:, None, None]) * x
+    p16 = ptr.to(tl.pointer_type(tl.uint16))
+    lo = tl.load(p16 + (gb // 2 + 3)).to(tl.int32)
+    hi = tl.load(p16 + (gb // 2 + 4)).to(tl.int32)
+    d = tl.load(ptr.to(tl.pointer_type(tl.float16)) + (gb // 2 - 4 * g)).to(tl.float32)
+    return lo, hi, d, idx
 
 
 @triton.jit
@@ -271,43 +294,27 @@ def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
     The run-dependent part of each shift is applied once per 32-bit word before the word is expanded to
     its 4 values, so the per-value shifts are constants.
     PREFETCH: load the next block's weight bytes before computing the current one (two blocks in flight per
-    program; costs registers, so occupancy, for some types: see PREFETCH_BY_TYPE)."""
-    b = tl.arange(0, 4)[None, None, :]
-    if TYPE == 10:  # Q2_K: tile [run c = 8n + 2j + h, word, byte]; run c = qs[32n + 16h + 0..15] >> 2j
-        j = tl.arange(0, BR * 16)
-        c = j % 16
-        base = expert_off + (row0 + j // 16).to(tl.int64) * (NSB * 84)
-        xoff = (16 * c)[:, None, None] + 4 * tl.arange(0, 4)[None, :, None] + b
-        acc = tl.zeros([BR * 16, 4, 4], tl.float32)
+    program; costs registers, so occupancy, for some types: see SINGLE_CONFIG)."""
+    if TYPE != 16:  # Q2_K, Q4_K: tile [row, run, word, byte]; the activations [run, word, byte] serve every row
+        NS: tl.constexpr = 16 if TYPE == 10 else 8
+        NW: tl.constexpr = 4 if TYPE == 10 else 8
+        BS: tl.constexpr = 84 if TYPE == 10 else 144
+        c = tl.arange(0, NS)
+        rbase = expert_off + (row0 + tl.arange(0, BR)).to(tl.int64) * (NSB * BS)
+        xoff = (NW * 4 * c)[:, None, None] + 4 * tl.arange(0, NW)[None, :, None] + tl.arange(0, 4)[None, None, :]
+        acc = tl.zeros([BR, NS, NW], tl.float32)
         if PREFETCH:
-            w, sc, d, dmin = _q2k_raw(ptr, base, c, 0)
+            w, sc, d, dmin = _kq_raw(ptr, rbase, c, TYPE)
             for sb in range(0, NSB):
-                nw, nsc, nd, ndmin = _q2k_raw(ptr, base, c, tl.minimum(sb + 1, NSB - 1))
-                acc = _q2k_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
+                nw, nsc, nd, ndmin = _kq_raw(ptr, rbase + tl.minimum(sb + 1, NSB - 1) * BS, c, TYPE)
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
                 w, sc, d, dmin = nw, nsc, nd, ndmin
         else:
             for sb in range(0, NSB):
-                w, sc, d, dmin = _q2k_raw(ptr, base, c, sb)
-                acc = _q2k_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
-        return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 16)), axis=1)
-    elif TYPE == 12:  # Q4_K: tile [run s, word, byte]; run s = qs[32(s>>1) + 0..31] >> 4(s&1)
-        j = tl.arange(0, BR * 8)
-        c = j % 8
-        base = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 144)
-        xoff = (32 * c)[:, None, None] + 4 * tl.arange(0, 8)[None, :, None] + b
-        acc = tl.zeros([BR * 8, 8, 4], tl.float32)
-        if PREFETCH:
-            w, bs, bs4, bsm4, d, dmin = _q4k_raw(ptr, base, c, 0)
-            for sb in range(0, NSB):
-                nw, nbs, nbs4, nbsm4, nd, ndmin = _q4k_raw(ptr, base, c, tl.minimum(sb + 1, NSB - 1))
-                acc = _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
-                w, bs, bs4, bsm4, d, dmin = nw, nbs, nbs4, nbsm4, nd, ndmin
-        else:
-            for sb in range(0, NSB):
-                w, bs, bs4, bsm4, d, dmin = _q4k_raw(ptr, base, c, sb)
-                acc = _q4k_dot(acc, w, bs, bs4, bsm4, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, b, ONE)
-        return tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, 8)), axis=1)
-    else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b
+                w, sc, d, dmin = _kq_raw(ptr, rbase + sb * BS, c, TYPE)
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
+    else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b (rows folded into g)
         j = tl.arange(0, BR * 8)
         g = j % 8
         gbase = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 66) + 8 * g     # group fields, minus 2
@@ -572,14 +579,14 @@ class MoEWorkspace:
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                single_config: tuple[int, ...] = (SINGLE_BR, SINGLE_WARPS, SINGLE_MAXNREG),
-                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS), prefetch: bool | None = None) -> torch.Tensor:
+                single_config: dict | None = None,
+                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS)) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given). ids must lie in [0, E): they are not checked here (that would
-    need a host synchronization); the router guarantees it. The configs are (rows per program, warps) of the
-    one-pair kernels (and their register cap, None for none) and of the multi-pair kernels; prefetch overrides
-    PREFETCH_BY_TYPE (benchmark sweeps)."""
+    need a host synchronization); the router guarantees it. single_config: {ggml type: (rows per program, warps,
+    register cap or None, prefetch)} entries overriding SINGLE_CONFIG; multi_config: (rows per program, warps)
+    of the multi-pair kernels (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
@@ -594,10 +601,12 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
     if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
         raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
-    (sbr, swarps, *smaxnreg), (mbr, mwarps) = single_config, multi_config
-    sreg = dict(maxnreg=smaxnreg[0]) if smaxnreg and smaxnreg[0] else {}
-    if F % sbr or D % sbr or F % mbr or D % mbr:
-        raise ValueError(f"moe_forward: row tiles {sbr}, {mbr} must divide F = {F} and D = {D}")
+    cfg = {**SINGLE_CONFIG, **(single_config or {})}
+    (gbr, gwarps, greg, gpf), (dbr, dwarps, dreg, dpf) = cfg[gate_type], cfg[down_type]
+    upf = cfg[up_type][3]
+    mbr, mwarps = multi_config
+    if F % gbr or D % dbr or F % mbr or D % mbr:
+        raise ValueError(f"moe_forward: row tiles {gbr}, {dbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
     P = T * k
     ws = workspace or MoEWorkspace.create(T, k, D, F, device)
@@ -614,16 +623,15 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     gu_args = (v, ids, weights, ws.order, ws.cnt, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue,
                float(clamp))
     dn_args = (ws.h, ids, ws.order, ws.cnt, down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
-    pf = (lambda t: PREFETCH_BY_TYPE[t]) if prefetch is None else (lambda t: prefetch)
-    _moe_gateup_single[(P, F // sbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=sbr,
-                                      GPF=pf(gate_type), UPF=pf(up_type), num_warps=swarps, **sreg)
+    _moe_gateup_single[(P, F // gbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=gbr,
+                                      GPF=gpf, UPF=upf, num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
     if item_cap > 1:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(P, F // mbr)](*gu_args, NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type,
                                          UBS=ubs, UNS=uns, UL=ul, BR=mbr, num_warps=mwarps)
-    _moe_down_single[(P, D // sbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=sbr, DPF=pf(down_type),
-                                    num_warps=swarps, **sreg)
+    _moe_down_single[(P, D // dbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf,
+                                    num_warps=dwarps, **({"maxnreg": dreg} if dreg else {}))
     if item_cap > 1:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(P, D // mbr)](*dn_args, NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl, BR=mbr,

@@ -13,8 +13,10 @@ byte b is moved to bits 15..22 of 1.0f's bit pattern, giving f = 1 + (q + 128)/2
 value = f * 256d - 384d = q * d. Both products are exact (9 x 11 significant bits), so the dequantized value
 is bit-exact.
 
-T <= 4: float32 FMA over the decoded values, x rows padded to 1, 2 or 4 (each program: BR rows, all of K;
-no atomics).
+T = 1: float32 FMA (_q8_row1), lanes along each block's quants so that loads are coalesced; when N is small
+the K range is split over several programs (at least MIN_PROGRAMS in all) and the partial sums are added in
+a fixed order afterwards (deterministic; no atomics).
+2 <= T <= 4: float32 FMA over the decoded values, x rows padded to 2 or 4 (each program: BR rows, all of K).
 T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
@@ -27,11 +29,16 @@ import triton
 import triton.language as tl
 
 QK, BLOCK_BYTES = 32, 34
-NB = tl.constexpr(8)         # blocks per loop step of the FMA kernel: 256 values
+NB_STEP = 8                  # blocks per loop step of the FMA kernels: 256 values
+NB = tl.constexpr(NB_STEP)
 MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
-# (rows per program, warps): FMA kernel by padded row count TP; tensor-core kernel (T > 4). Chosen from the
-# compiled code (instructions per value, registers, no spills); scripts/bench_kernels.py can sweep them.
+# (rows per program, warps): T = 1 kernel; FMA kernel by padded row count TP; tensor-core kernel (T > 4). Chosen
+# from the compiled code (instructions per value, registers, no spills, bytes in flight per SM: T = 1 at 32 rows
+# and 8 warps holds 80 registers, 3 programs and ~26 KB of blocks in flight per SM); scripts/bench_kernels.py
+# sweeps them.
+ROW1_CONFIG = (32, 8)
+MIN_PROGRAMS = 528           # T = 1: split K until there are at least this many programs (4 per SM on an H200)
 FMA_CONFIG = {1: (16, 4), 2: (16, 4), 4: (8, 4)}
 MMA_BR, MMA_WARPS = 64, 4
 
@@ -53,6 +60,48 @@ def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr, NB: tl.co
     d = tl.load((w_ptr + base).to(tl.pointer_type(tl.float16))).to(tl.float32)
     d = tl.where(valid, d, 0.0)
     return f * (256.0 * d)[:, None, None] - (384.0 * d)[:, None, None], valid
+
+
+@triton.jit
+def _q8_row1(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr,
+             STEPS: tl.constexpr, EXACT: tl.constexpr):
+    """Partial out[split, rows] for T = 1: program (i, split) does rows i*BR.. and the STEPS steps of NB blocks
+    from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked, which costs
+    selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as 16
+    uint16 (coalesced), through a uint16 pointer indexed in elements."""
+    row0 = tl.program_id(0) * BR
+    kb0 = tl.program_id(1) * STEPS
+    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
+    K = NKB * 32
+    p16 = w_ptr.to(tl.pointer_type(tl.uint16))
+    pf16 = w_ptr.to(tl.pointer_type(tl.float16))
+    rbase = rows.to(tl.int64) * (NKB * 17)                              # row start, in 2-byte units
+    blk = tl.arange(0, NB)
+    hw = tl.arange(0, 16)
+    b = tl.arange(0, 2)[None, None, None, :]
+    x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
+    xoff = (32 * blk)[:, None, None] + 2 * hw[None, :, None] + tl.arange(0, 2)[None, None, :]     # [NB, 16, 2]
+    acc = tl.zeros([BR, NB, 16], tl.float32)
+    for step in range(0, STEPS):
+        bi = (kb0 + step) * NB + blk
+        valid = (bi < NKB) | EXACT
+        boff = (bi if EXACT else tl.where(valid, bi, 0)) * 17                                # [NB]
+        q2 = tl.load(p16 + (rbase[:, None] + boff[None, :] + 1)[:, :, None] + hw[None, None, :]).to(tl.int32)
+        q2 = q2 ^ 0x8080                                                     # each byte now holds q + 128
+        q2 = tl.reshape(tl.join(q2, q2), (BR, NB, 16, 2))
+        f = (((q2 << (15 - 8 * b)) & 0x007F8000) | ONE).to(tl.float32, bitcast=True)        # 1 + (q + 128)/256
+        d = tl.load(pf16 + rbase[:, None] + boff[None, :]).to(tl.float32)
+        if not EXACT:
+            d = tl.where(valid[None, :], d, 0.0)
+        val = f * (256.0 * d)[:, :, None, None] - (384.0 * d)[:, :, None, None]             # q * d, exact
+        if EXACT:
+            x = tl.load(x_row + (kb0 + step) * (NB * 32) + xoff)
+        else:
+            x = tl.load(x_row + (kb0 + step) * (NB * 32) + xoff, mask=valid[:, None, None], other=0.0)
+        acc += tl.sum(val * x[None, :, :, :], axis=3)
+    out_rows = row0 + tl.arange(0, BR)
+    tl.store(out_ptr + tl.program_id(1).to(tl.int64) * N + out_rows, tl.sum(tl.sum(acc, axis=2), axis=1),
+             mask=out_rows < N)
 
 
 @triton.jit
@@ -120,7 +169,21 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
-    tp = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 0
+    if T == 1:
+        br, warps = config or ROW1_CONFIG
+        if groups > 1 and rows_per_group % br:
+            raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
+        tiles, steps_total = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
+        want = min(steps_total, triton.cdiv(MIN_PROGRAMS, tiles))
+        splits = max(s for s in range(1, want + 1) if steps_total % s == 0)      # a divisor: no partial split
+        steps = steps_total // splits
+        part = out if splits == 1 else torch.empty(splits, N, dtype=torch.float32, device=x.device)
+        _q8_row1[(tiles, splits)](x, w_blocks, part, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br, STEPS=steps,
+                                  EXACT=(K // QK) % NB_STEP == 0, num_warps=warps)
+        if splits > 1:
+            torch.sum(part, dim=0, keepdim=True, out=out)
+        return out
+    tp = 2 if T == 2 else 4 if T <= 4 else 0
     br, warps = config or (FMA_CONFIG[tp] if tp else (MMA_BR, MMA_WARPS))
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
