@@ -183,7 +183,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
             if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp", "output"):
-                for cfg in (((16, 4), (64, 8), (32, 4), (16, 8)) if T == 1 else ((16, 4), (8, 2), (16, 8))):
+                for cfg in (((16, 4), (64, 8), (32, 4), (16, 8)) if T == 1 else ((32, 8), (16, 4), (8, 4))):
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))

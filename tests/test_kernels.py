@@ -364,14 +364,10 @@ def test_every_variant_compiles_for_sm90():
             bs, ns, l = M.LAYOUT[gt]
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
         for K in (1024, 4096, 8192, 320):
-            for steps in (1, 2, 16):
-                ok(Q._q8_row1.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.ROW1_CONFIG[0],
-                                     STEPS=steps, EXACT=(K // 32) % 8 == 0, num_warps=Q.ROW1_CONFIG[1], grid=(1,)))
-            for tp, (br, w) in Q.FMA_CONFIG.items():
-                if tp == 1:
-                    continue
-                ok(Q._q8_fma.warmup(f32, u8, f32, tp, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br, TP=tp,
-                                    num_warps=w, grid=(1,)))
+            for T, (br, w) in Q.ROWS_CONFIG.items():
+                for steps in (1, 2, 16):
+                    ok(Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br, STEPS=steps,
+                                         EXACT=(K // 32) % 8 == 0, TP=T, num_warps=w, grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
@@ -379,9 +375,10 @@ def test_every_variant_compiles_for_sm90():
             for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
                 ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * bs,
                    2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, num_warps=w, grid=(1,)))
-        for br, w in ((16, 4), (64, 8), (32, 4)):
-            ok(Q._q8_row1.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True,
-                                 num_warps=w, grid=(1,)))
+        for T, configs in ((1, ((16, 4), (64, 8), (32, 4), (16, 8))), (4, ((32, 8), (16, 4), (8, 4)))):
+            for br, w in configs:
+                ok(Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True,
+                                     TP=T, num_warps=w, grid=(1,)))
         for br, w in ((32, 4), (64, 4), (128, 8)):
             (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
             ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * 1056,

@@ -13,10 +13,9 @@ byte b is moved to bits 15..22 of 1.0f's bit pattern, giving f = 1 + (q + 128)/2
 value = f * 256d - 384d = q * d. Both products are exact (9 x 11 significant bits), so the dequantized value
 is bit-exact.
 
-T = 1: float32 FMA (_q8_row1), lanes along each block's quants so that loads are coalesced; when N is small
-the K range is split over several programs (at least MIN_PROGRAMS in all) and the partial sums are added in
-a fixed order afterwards (deterministic; no atomics).
-2 <= T <= 4: float32 FMA over the decoded values, x rows padded to 2 or 4 (each program: BR rows, all of K).
+T <= 4: float32 FMA (_q8_rows), lanes along each block's quants so that loads are coalesced, each block decoded
+once for the T rows; when N is small the K range is split over several programs (at least MIN_PROGRAMS in
+all) and the partial sums are added in a fixed order afterwards (deterministic; no atomics).
 T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
@@ -33,13 +32,12 @@ NB_STEP = 8                  # blocks per loop step of the FMA kernels: 256 valu
 NB = tl.constexpr(NB_STEP)
 MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
-# (rows per program, warps): T = 1 kernel; FMA kernel by padded row count TP; tensor-core kernel (T > 4). Chosen
-# from the compiled code (instructions per value, registers, no spills, bytes in flight per SM: T = 1 at 32 rows
-# and 8 warps holds 80 registers, 3 programs and ~26 KB of blocks in flight per SM); scripts/bench_kernels.py
-# sweeps them.
-ROW1_CONFIG = (32, 8)
-MIN_PROGRAMS = 528           # T = 1: split K until there are at least this many programs (4 per SM on an H200)
-FMA_CONFIG = {1: (16, 4), 2: (16, 4), 4: (8, 4)}
+# (rows per program, warps): the FMA kernel by T (1..4) and the tensor-core kernel (T > 4). Chosen from the
+# compiled code (instructions per value, registers, no spills, bytes in flight per SM: T = 1 at 32 rows and
+# 8 warps holds 77 registers, 3 programs and ~26 KB of blocks in flight per SM; T = 2..4 at 16 rows, 78-97);
+# scripts/bench_kernels.py sweeps them.
+ROWS_CONFIG = {1: (32, 8), 2: (16, 8), 3: (16, 8), 4: (16, 8)}
+MIN_PROGRAMS = 528           # split K until there are at least this many programs (4 per SM on an H200)
 MMA_BR, MMA_WARPS = 64, 4
 
 
@@ -63,16 +61,18 @@ def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr, NB: tl.co
 
 
 @triton.jit
-def _q8_row1(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr,
-             STEPS: tl.constexpr, EXACT: tl.constexpr):
-    """Partial out[split, rows] for T = 1: program (i, split) does rows i*BR.. and the STEPS steps of NB blocks
-    from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked, which costs
-    selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as 16
-    uint16 (coalesced), through a uint16 pointer indexed in elements."""
+def _q8_rows(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr,
+             STEPS: tl.constexpr, EXACT: tl.constexpr, TP: tl.constexpr):
+    """Partial out[split, 0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS
+    steps of NB blocks from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked,
+    which costs selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as
+    16 uint16 (coalesced), through a uint16 pointer indexed in elements. Each block is decoded once for all x
+    rows; one accumulator per x row (explicit, so that no tile grows a row axis)."""
     row0 = tl.program_id(0) * BR
     kb0 = tl.program_id(1) * STEPS
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
     K = NKB * 32
+    xs = K * (N // rows_per_group)                                      # stride between x rows
     p16 = w_ptr.to(tl.pointer_type(tl.uint16))
     pf16 = w_ptr.to(tl.pointer_type(tl.float16))
     rbase = rows.to(tl.int64) * (NKB * 17)                              # row start, in 2-byte units
@@ -81,7 +81,10 @@ def _q8_row1(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, B
     b = tl.arange(0, 2)[None, None, None, :]
     x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
     xoff = (32 * blk)[:, None, None] + 2 * hw[None, :, None] + tl.arange(0, 2)[None, None, :]     # [NB, 16, 2]
-    acc = tl.zeros([BR, NB, 16], tl.float32)
+    acc0 = tl.zeros([BR, NB, 16], tl.float32)
+    acc1 = tl.zeros([BR, NB, 16], tl.float32)
+    acc2 = tl.zeros([BR, NB, 16], tl.float32)
+    acc3 = tl.zeros([BR, NB, 16], tl.float32)
     for step in range(0, STEPS):
         bi = (kb0 + step) * NB + blk
         valid = (bi < NKB) | EXACT
@@ -94,37 +97,25 @@ def _q8_row1(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, B
         if not EXACT:
             d = tl.where(valid[None, :], d, 0.0)
         val = f * (256.0 * d)[:, :, None, None] - (384.0 * d)[:, :, None, None]             # q * d, exact
-        if EXACT:
-            x = tl.load(x_row + (kb0 + step) * (NB * 32) + xoff)
-        else:
-            x = tl.load(x_row + (kb0 + step) * (NB * 32) + xoff, mask=valid[:, None, None], other=0.0)
-        acc += tl.sum(val * x[None, :, :, :], axis=3)
+        xp = x_row + (kb0 + step) * (NB * 32) + xoff
+        xm = valid[:, None, None]
+        acc0 += tl.sum(val * tl.load(xp, mask=xm, other=0.0)[None], axis=3)
+        if TP > 1:
+            acc1 += tl.sum(val * tl.load(xp + xs, mask=xm, other=0.0)[None], axis=3)
+        if TP > 2:
+            acc2 += tl.sum(val * tl.load(xp + 2 * xs, mask=xm, other=0.0)[None], axis=3)
+        if TP > 3:
+            acc3 += tl.sum(val * tl.load(xp + 3 * xs, mask=xm, other=0.0)[None], axis=3)
     out_rows = row0 + tl.arange(0, BR)
-    tl.store(out_ptr + tl.program_id(1).to(tl.int64) * N + out_rows, tl.sum(tl.sum(acc, axis=2), axis=1),
-             mask=out_rows < N)
-
-
-@triton.jit
-def _q8_fma(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr, TP: tl.constexpr):
-    """out[0:T, rows] for T <= TP <= 4 rows of x: float32 FMA, x rows padded to TP (masked)."""
-    row0 = tl.program_id(0) * BR
-    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
-    K = NKB * 32
-    j = tl.arange(0, BR * NB)
-    t = tl.arange(0, TP)
-    t4 = t[None, None, None, :]
-    x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
-    xoff = ((32 * (j % NB))[:, None, None, None] + 2 * tl.arange(0, 16)[None, :, None, None]
-            + tl.arange(0, 2)[None, None, :, None] + t4.to(tl.int64) * (K * (N // rows_per_group)))
-    acc = tl.zeros([BR * NB, 16, 2, TP], tl.float32)
-    for kb in range(0, (NKB + NB - 1) // NB):
-        val, valid = _decode(w_ptr, rows, kb, ONE, NKB, BR, NB)
-        x = tl.load(x_rows + kb * (NB * 32) + xoff, mask=valid[:, None, None, None] & (t4 < T), other=0.0)
-        acc += val[:, :, :, None] * x
-    y = tl.sum(tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BR, NB, TP)), axis=1)     # [BR, TP]
-    out_rows = row0 + tl.arange(0, BR)
-    tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], y,
-             mask=(out_rows < N)[:, None] & (t < T)[None, :])
+    o = out_ptr + tl.program_id(1).to(tl.int64) * (TP * N) + out_rows
+    omask = out_rows < N
+    tl.store(o, tl.sum(tl.sum(acc0, axis=2), axis=1), mask=omask)
+    if TP > 1:
+        tl.store(o + N, tl.sum(tl.sum(acc1, axis=2), axis=1), mask=omask)
+    if TP > 2:
+        tl.store(o + 2 * N, tl.sum(tl.sum(acc2, axis=2), axis=1), mask=omask)
+    if TP > 3:
+        tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=2), axis=1), mask=omask)
 
 
 @triton.jit
@@ -169,29 +160,24 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
-    if T == 1:
-        br, warps = config or ROW1_CONFIG
+    if T <= 4:
+        br, warps = config or ROWS_CONFIG[T]
         if groups > 1 and rows_per_group % br:
             raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
         tiles, steps_total = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
         want = min(steps_total, triton.cdiv(MIN_PROGRAMS, tiles))
         splits = max(s for s in range(1, want + 1) if steps_total % s == 0)      # a divisor: no partial split
-        steps = steps_total // splits
-        part = out if splits == 1 else torch.empty(splits, N, dtype=torch.float32, device=x.device)
-        _q8_row1[(tiles, splits)](x, w_blocks, part, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br, STEPS=steps,
-                                  EXACT=(K // QK) % NB_STEP == 0, num_warps=warps)
+        part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
+        _q8_rows[(tiles, splits)](x, w_blocks, part, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br,
+                                  STEPS=steps_total // splits, EXACT=(K // QK) % NB_STEP == 0, TP=T, num_warps=warps)
         if splits > 1:
-            torch.sum(part, dim=0, keepdim=True, out=out)
+            torch.sum(part, dim=0, out=out)
         return out
-    tp = 2 if T == 2 else 4 if T <= 4 else 0
-    br, warps = config or (FMA_CONFIG[tp] if tp else (MMA_BR, MMA_WARPS))
+    br, warps = config or (MMA_BR, MMA_WARPS)
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    args = (x, w_blocks, out, T, N, rows_per_group, ONE_BITS)
-    if tp:
-        _q8_fma[(triton.cdiv(N, br),)](*args, NKB=K // QK, BR=br, TP=tp, num_warps=warps)
-    else:
-        _q8_multi[(triton.cdiv(N, br),)](*args, NKB=K // QK, BR=br, num_warps=warps)
+    _q8_multi[(triton.cdiv(N, br),)](x, w_blocks, out, T, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br,
+                                     num_warps=warps)
     return out
