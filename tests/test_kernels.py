@@ -355,12 +355,6 @@ def test_every_variant_compiles_for_sm90():
                     ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
                        NSB=F // 256, DT=dt, BR=br, DPF=pf, num_warps=w, grid=(1,),
                        **({"maxnreg": reg} if reg else {})))
-                (br, w, reg, _), (dbr, dw, dreg, _) = M.FEW_CONFIG[gt], M.FEW_CONFIG[dt]
-                ok(M._moe_gateup_few.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                   M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=False, UPF=False, num_warps=w, grid=(1,),
-                   **({"maxnreg": reg} if reg else {})))
-                ok(M._moe_down_few.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256,
-                   DT=dt, BR=dbr, DPF=False, num_warps=dw, grid=(1,), **({"maxnreg": dreg} if dreg else {})))
                 (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
                 ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
                    NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=M.MULTI_BR,

@@ -7,8 +7,7 @@
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. Four launches (six for T = 2..4, eight for T > 4), no host synchronization, so a CUDA graph can
-capture a call:
+registers. Four launches (six when T > 1), no host synchronization, so a CUDA graph can capture a call:
 
   1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
@@ -18,16 +17,13 @@ capture a call:
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
-Kernels 2 and 3 come in three forms, by the number of pairs in an item:
-  `_single` (1 pair, the decode case) and `_few` (2..4 pairs, the verify case: T <= 4 caps items at 4):
-      float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA); `_few` decodes each
-      block once for all of the item's pairs, so one read of the expert's rows serves every token routed to it.
-  `_multi` (5..16 pairs, T > 4): the blocks become exact small integers in fp16 (Q2_K sc*q <= 45, Q4_K
-      sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a per-row float scale, and the
-      activations are split per 256-value chunk into two fp16 terms after a power-of-two scaling
-      (x * 2^-e = hi + lo + O(2^-22 max|x|)), for the tensor cores: each product is exact in the fp32
-      accumulator up to fp32 rounding.
-All forms agree with float64 to ~1e-6 relative.
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values
+(the decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..16 pairs (T > 1, tokens sharing an expert), so one
+read of the expert's rows serves every token routed to it: the blocks become exact small integers in fp16
+(Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
+per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
+power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|)). Each tensor-core product is then exact in the
+fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
 
 Accumulation is float32 throughout. No atomics: every output element is written by one program.
 
@@ -76,11 +72,7 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
-SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (32, 4, None, True)}
-# Items of 2..FEW pairs (the verify case, T <= 4) go to the "few" kernels: float32 FMA, each block decoded once
-# for all the item's pairs; their launch settings by type, as SINGLE_CONFIG's. Items of 5..16: tensor cores.
-FEW = 4
-FEW_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, False), IQ2_XXS: (16, 4, None, False)}
+SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, True)}
 MULTI_BR, MULTI_WARPS = 64, 8
 
 
@@ -234,8 +226,8 @@ def _f16_bits(h):
 
 
 @triton.jit
-def _kq_val(w, sc, d, dmin, c, ONE, TYPE: tl.constexpr):
-    """Decoded Q2_K / Q4_K values [BR, NS, NW, 4] from _kq_raw's loads."""
+def _kq_dot(acc, w, sc, d, dmin, x, c, ONE, TYPE: tl.constexpr):
+    """acc [BR, NS, NW] += per word, the sum over its 4 values of value * x (x: [1, NS, NW, 4])."""
     b = tl.arange(0, 4)[None, None, None, :]
     d = _f16_bits(d)[:, None]
     dmin = _f16_bits(dmin)[:, None]
@@ -255,7 +247,7 @@ def _kq_val(w, sc, d, dmin, c, ONE, TYPE: tl.constexpr):
         m6 = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
         a = 16.0 * d * s6
         bb = -(a + dmin * m6)
-    return f * a[:, :, None, None] + bb[:, :, None, None]
+    return acc + tl.sum((f * a[:, :, None, None] + bb[:, :, None, None]) * x, axis=3)
 
 
 @triton.jit
@@ -271,8 +263,7 @@ def _iq2_raw(ptr, gbase, g, sb):
 
 
 @triton.jit
-def _iq2_val(lo, hi, d, idx, grid_ptr, ksigns_ptr, ONE, G: tl.constexpr):
-    """Decoded IQ2_XXS values [G, 4, 2, 4] (group, run, word, byte) from _iq2_raw's loads."""
+def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE, G: tl.constexpr):
     l = tl.arange(0, 4)[None, :]
     wd = tl.arange(0, 2)[None, None, :]
     b4 = tl.arange(0, 4)[None, None, None, :]
@@ -287,15 +278,13 @@ def _iq2_val(lo, hi, d, idx, grid_ptr, ksigns_ptr, ONE, G: tl.constexpr):
     a50 = (50.0 * dl)[:, None, None, None]
     mag = f * (f * a8 + a50) - a50                                                           # dl * (8, 25, 43)
     val = (mag.to(tl.int32, bitcast=True) ^ ((sw << (31 - b4)) & -2147483648)).to(tl.float32, bitcast=True)
-    return val
+    return acc + val * x
 
 
 @triton.jit
-def _fma_rows(ptr, expert_off, row0, x0, x1, x2, x3, grid_ptr, ksigns_ptr, ONE,
-              TYPE: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr, PREFETCH: tl.constexpr, NP: tl.constexpr):
-    """([BR] float32) x 4: rows row0..row0+BR of the expert at byte offset expert_off, dotted with the first NP
-    of x0..x3 (each 256*NSB activations); each block is decoded once for all of them (explicit accumulators,
-    so that no tile grows a pair axis); results past NP are zeros.
+def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
+              TYPE: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr, PREFETCH: tl.constexpr):
+    """[BR] float32: rows row0..row0+BR of the expert at byte offset expert_off, dotted with x_ptr[0:256*NSB].
 
     The decode-case inner loop (float32 FMA). Each value becomes one FMA of a float f in [1, 2) built from its
     bits: ONE (the bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3) with the quant
@@ -305,8 +294,7 @@ def _fma_rows(ptr, expert_off, row0, x0, x1, x2, x3, grid_ptr, ksigns_ptr, ONE,
     The run-dependent part of each shift is applied once per 32-bit word before the word is expanded to
     its 4 values, so the per-value shifts are constants.
     PREFETCH: load the next block's weight bytes before computing the current one (two blocks in flight per
-    program; costs registers, so occupancy, for some types: see SINGLE_CONFIG). Accumulators keep one sum per
-    32-bit word (the 4 values of a word are summed in-thread each step), a quarter of the values' registers."""
+    program; costs registers, so occupancy, for some types: see SINGLE_CONFIG)."""
     if TYPE != 16:  # Q2_K, Q4_K: tile [row, run, word, byte]; the activations [run, word, byte] serve every row
         NS: tl.constexpr = 16 if TYPE == 10 else 8
         NW: tl.constexpr = 4 if TYPE == 10 else 8
@@ -314,59 +302,38 @@ def _fma_rows(ptr, expert_off, row0, x0, x1, x2, x3, grid_ptr, ksigns_ptr, ONE,
         c = tl.arange(0, NS)
         rbase = expert_off + (row0 + tl.arange(0, BR)).to(tl.int64) * (NSB * BS)
         xoff = (NW * 4 * c)[:, None, None] + 4 * tl.arange(0, NW)[None, :, None] + tl.arange(0, 4)[None, None, :]
-        acc0 = tl.zeros([BR, NS, NW], tl.float32)
-        acc1 = tl.zeros([BR, NS, NW], tl.float32)
-        acc2 = tl.zeros([BR, NS, NW], tl.float32)
-        acc3 = tl.zeros([BR, NS, NW], tl.float32)
-        w, sc, d, dmin = _kq_raw(ptr, rbase, c, TYPE)
-        for sb in range(0, NSB):
-            if PREFETCH:
+        acc = tl.zeros([BR, NS, NW], tl.float32)
+        if PREFETCH:
+            w, sc, d, dmin = _kq_raw(ptr, rbase, c, TYPE)
+            for sb in range(0, NSB):
                 nw, nsc, nd, ndmin = _kq_raw(ptr, rbase + tl.minimum(sb + 1, NSB - 1) * BS, c, TYPE)
-            else:
-                w, sc, d, dmin = _kq_raw(ptr, rbase + sb * BS, c, TYPE)
-            val = _kq_val(w, sc, d, dmin, c, ONE, TYPE)
-            acc0 += tl.sum(val * tl.load(x0 + sb * 256 + xoff)[None], axis=3)
-            if NP > 1:
-                acc1 += tl.sum(val * tl.load(x1 + sb * 256 + xoff)[None], axis=3)
-            if NP > 2:
-                acc2 += tl.sum(val * tl.load(x2 + sb * 256 + xoff)[None], axis=3)
-            if NP > 3:
-                acc3 += tl.sum(val * tl.load(x3 + sb * 256 + xoff)[None], axis=3)
-            if PREFETCH:
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
                 w, sc, d, dmin = nw, nsc, nd, ndmin
-        return (tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
-                tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1))
+        else:
+            for sb in range(0, NSB):
+                w, sc, d, dmin = _kq_raw(ptr, rbase + sb * BS, c, TYPE)
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
     else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b (rows folded into g)
         j = tl.arange(0, BR * 8)
         g = j % 8
         gbase = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 66) + 8 * g     # group fields, minus 2
         xoff = ((32 * g)[:, None, None, None] + 8 * tl.arange(0, 4)[None, :, None, None]
                 + 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :])
-        acc0 = tl.zeros([BR * 8, 4, 2], tl.float32)
-        acc1 = tl.zeros([BR * 8, 4, 2], tl.float32)
-        acc2 = tl.zeros([BR * 8, 4, 2], tl.float32)
-        acc3 = tl.zeros([BR * 8, 4, 2], tl.float32)
-        lo, hi, d, idx = _iq2_raw(ptr, gbase, g, 0)
-        for sb in range(0, NSB):
-            if PREFETCH:
+        acc = tl.zeros([BR * 8, 4, 2, 4], tl.float32)
+        if PREFETCH:
+            lo, hi, d, idx = _iq2_raw(ptr, gbase, g, 0)
+            for sb in range(0, NSB):
                 nlo, nhi, nd, nidx = _iq2_raw(ptr, gbase, g, tl.minimum(sb + 1, NSB - 1))
-            else:
-                lo, hi, d, idx = _iq2_raw(ptr, gbase, g, sb)
-            val = _iq2_val(lo, hi, d, idx, grid_ptr, ksigns_ptr, ONE, BR * 8)
-            acc0 += tl.sum(val * tl.load(x0 + sb * 256 + xoff), axis=3)
-            if NP > 1:
-                acc1 += tl.sum(val * tl.load(x1 + sb * 256 + xoff), axis=3)
-            if NP > 2:
-                acc2 += tl.sum(val * tl.load(x2 + sb * 256 + xoff), axis=3)
-            if NP > 3:
-                acc3 += tl.sum(val * tl.load(x3 + sb * 256 + xoff), axis=3)
-            if PREFETCH:
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
+                               BR * 8)
                 lo, hi, d, idx = nlo, nhi, nd, nidx
-        r0 = tl.sum(tl.reshape(tl.sum(tl.sum(acc0, axis=2), axis=1), (BR, 8)), axis=1)
-        r1 = tl.sum(tl.reshape(tl.sum(tl.sum(acc1, axis=2), axis=1), (BR, 8)), axis=1)
-        r2 = tl.sum(tl.reshape(tl.sum(tl.sum(acc2, axis=2), axis=1), (BR, 8)), axis=1)
-        r3 = tl.sum(tl.reshape(tl.sum(tl.sum(acc3, axis=2), axis=1), (BR, 8)), axis=1)
-        return r0, r1, r2, r3
+        else:
+            for sb in range(0, NSB):
+                lo, hi, d, idx = _iq2_raw(ptr, gbase, g, sb)
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
+                               BR * 8)
+        return tl.sum(tl.reshape(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), (BR, 8)), axis=1)
 
 
 @triton.jit
@@ -456,10 +423,8 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up
         e = tl.load(ids_ptr + pair).to(tl.int64)
         x_ptr = v_ptr + (pair // n_slots).to(tl.int64) * (NSB * 256)
         row0 = tl.program_id(1) * BR
-        g, _, _, _ = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, x_ptr, x_ptr, x_ptr, grid_ptr,
-                               ksigns_ptr, ONE, GT, NSB, BR, GPF, 1)
-        u, _, _, _ = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, x_ptr, x_ptr, x_ptr, grid_ptr,
-                               ksigns_ptr, ONE, UT, NSB, BR, UPF, 1)
+        g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR, GPF)
+        u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
         w = tl.load(wts_ptr + pair)
         tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
 
@@ -475,73 +440,9 @@ def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_p
         pair = tl.load(order_ptr + item)
         e = tl.load(ids_ptr + pair).to(tl.int64)
         row0 = tl.program_id(1) * BR
-        x_ptr = h_ptr + pair.to(tl.int64) * (NSB * 256)
-        y, _, _, _ = _fma_rows(down_ptr, e * down_expert_bytes, row0, x_ptr, x_ptr, x_ptr, x_ptr, grid_ptr,
-                               ksigns_ptr, ONE, DT, NSB, BR, DPF, 1)
+        y = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_ptr + pair.to(tl.int64) * (NSB * 256),
+                      grid_ptr, ksigns_ptr, ONE, DT, NSB, BR, DPF)
         tl.store(y_ptr + pair.to(tl.int64) * D + row0 + tl.arange(0, BR), y)
-
-
-@triton.jit
-def _few_pairs(order_ptr, item, cnt):
-    """The pairs of an item of 2..4: slot i < cnt is order[item + i]; other slots repeat slot 0."""
-    p0 = tl.load(order_ptr + item)
-    p1 = tl.load(order_ptr + item + 1)
-    p2 = tl.load(order_ptr + item + tl.where(cnt > 2, 2, 0))
-    p3 = tl.load(order_ptr + item + tl.where(cnt > 3, 3, 0))
-    return p0, p1, p2, p3
-
-
-@triton.jit
-def _moe_gateup_few(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
-                    n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
-                    GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr, UPF: tl.constexpr):
-    """Items of 2..4 pairs of one expert (verify): each gate/up block decoded once for all of them (FMA)."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
-    if (cnt >= 2) & (cnt <= 4):
-        D = NSB * 256
-        p0, p1, p2, p3 = _few_pairs(order_ptr, item, cnt)
-        e = tl.load(ids_ptr + p0).to(tl.int64)
-        x0 = v_ptr + (p0 // n_slots).to(tl.int64) * D
-        x1 = v_ptr + (p1 // n_slots).to(tl.int64) * D
-        x2 = v_ptr + (p2 // n_slots).to(tl.int64) * D
-        x3 = v_ptr + (p3 // n_slots).to(tl.int64) * D
-        row0 = tl.program_id(1) * BR
-        g0, g1, g2, g3 = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x0, x1, x2, x3, grid_ptr, ksigns_ptr,
-                                   ONE, GT, NSB, BR, GPF, 4)
-        u0, u1, u2, u3 = _fma_rows(up_ptr, e * up_expert_bytes, row0, x0, x1, x2, x3, grid_ptr, ksigns_ptr,
-                                   ONE, UT, NSB, BR, UPF, 4)
-        rows = row0 + tl.arange(0, BR)
-        tl.store(h_ptr + p0.to(tl.int64) * F + rows, tl.load(wts_ptr + p0) * _swiglu(g0, u0, clamp))
-        tl.store(h_ptr + p1.to(tl.int64) * F + rows, tl.load(wts_ptr + p1) * _swiglu(g1, u1, clamp))
-        if cnt > 2:
-            tl.store(h_ptr + p2.to(tl.int64) * F + rows, tl.load(wts_ptr + p2) * _swiglu(g2, u2, clamp))
-        if cnt > 3:
-            tl.store(h_ptr + p3.to(tl.int64) * F + rows, tl.load(wts_ptr + p3) * _swiglu(g3, u3, clamp))
-
-
-@triton.jit
-def _moe_down_few(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
-                  D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
-                  DPF: tl.constexpr):
-    """Items of 2..4 pairs of one expert (verify): each down block decoded once for all of them (FMA)."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
-    if (cnt >= 2) & (cnt <= 4):
-        F = NSB * 256
-        p0, p1, p2, p3 = _few_pairs(order_ptr, item, cnt)
-        e = tl.load(ids_ptr + p0).to(tl.int64)
-        row0 = tl.program_id(1) * BR
-        y0, y1, y2, y3 = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_ptr + p0.to(tl.int64) * F,
-                                   h_ptr + p1.to(tl.int64) * F, h_ptr + p2.to(tl.int64) * F,
-                                   h_ptr + p3.to(tl.int64) * F, grid_ptr, ksigns_ptr, ONE, DT, NSB, BR, DPF, 4)
-        rows = row0 + tl.arange(0, BR)
-        tl.store(y_ptr + p0.to(tl.int64) * D + rows, y0)
-        tl.store(y_ptr + p1.to(tl.int64) * D + rows, y1)
-        if cnt > 2:
-            tl.store(y_ptr + p2.to(tl.int64) * D + rows, y2)
-        if cnt > 3:
-            tl.store(y_ptr + p3.to(tl.int64) * D + rows, y3)
 
 
 @triton.jit
@@ -573,10 +474,10 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
                       BR: tl.constexpr):
-    """Items of 5..16 pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
+    """Items of 2..16 pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
     item = tl.program_id(0)
     cnt = tl.load(cnt_ptr + item)
-    if cnt >= 5:
+    if cnt >= 2:
         D = NSB * 256
         pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
         xoff = (pairs // n_slots).to(tl.int64) * D
@@ -603,10 +504,10 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_
 def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
                     D, down_expert_bytes, NSB: tl.constexpr,
                     DT: tl.constexpr, DBS: tl.constexpr, DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr):
-    """Items of 5..16 pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
+    """Items of 2..16 pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
     item = tl.program_id(0)
     cnt = tl.load(cnt_ptr + item)
-    if cnt >= 5:
+    if cnt >= 2:
         F = NSB * 256
         pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
         xoff = pairs.to(tl.int64) * F
@@ -717,7 +618,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     weights = weights.to(torch.float32).contiguous()
     grid_tab, ksigns_tab = _tables(device)
 
-    item_cap = 1 if T == 1 else FEW if T <= FEW else CAP     # T <= 4: no item needs the tensor cores
+    item_cap = 1 if T == 1 else CAP
     _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=item_cap, PB=max(16, triton.next_power_of_2(P)), num_warps=4)
     gu_args = (v, ids, weights, ws.order, ws.cnt, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue,
                float(clamp))
@@ -725,10 +626,6 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     _moe_gateup_single[(P, F // gbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=gbr,
                                       GPF=gpf, UPF=upf, num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
     if item_cap > 1:
-        fbr, fwarps, freg, _ = FEW_CONFIG[gate_type]
-        _moe_gateup_few[(P, F // fbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=fbr,
-                                       GPF=False, UPF=False, num_warps=fwarps, **({"maxnreg": freg} if freg else {}))
-    if item_cap > FEW:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(P, F // mbr)](*gu_args, NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type,
@@ -736,10 +633,6 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     _moe_down_single[(P, D // dbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf,
                                     num_warps=dwarps, **({"maxnreg": dreg} if dreg else {}))
     if item_cap > 1:
-        fbr, fwarps, freg, _ = FEW_CONFIG[down_type]
-        _moe_down_few[(P, D // fbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=fbr, DPF=False,
-                                     num_warps=fwarps, **({"maxnreg": freg} if freg else {}))
-    if item_cap > FEW:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(P, D // mbr)](*dn_args, NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl, BR=mbr,
                                        num_warps=mwarps)
