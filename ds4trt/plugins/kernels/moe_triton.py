@@ -72,7 +72,8 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
-SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, True)}
+# IQ2_XXS without prefetch: measured on the H200 at d411a33 (q2 MoE, T = 1: 104 us against 120 us with it).
+SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 
 
