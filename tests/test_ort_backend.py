@@ -19,28 +19,17 @@ from ds4trt import cli
 from ds4trt.errors import Ds4Error
 from ds4trt.runtime.backends.onnxruntime import open_engine
 from ds4trt.runtime.session import Engine
-from tiny_engines import CTX, tiny_engine, tiny_files
+from tiny_engines import CTX, N_NEW, PROMPT, tiny_engine, tiny_files
+from tiny_engines import greedy as _greedy
 
 torch.set_num_threads(1)
 
-PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333, 8, 144, 270, 19, 500]
-N_NEW = 14
 
 
 @pytest.fixture(scope="module", params=["ds4", "float"])
 def engines(request):
     target, mtp = tiny_files()
     return open_engine(tiny_engine(request.param)), Engine.open(target, mtp, numerics=request.param)
-
-
-def _greedy(engine, n=N_NEW):
-    s = engine.session(CTX)
-    s.prefill(PROMPT, chunk=9)
-    out = [s.argmax()]
-    while len(out) < n:
-        s.eval(out[-1])
-        out.append(s.argmax())
-    return out
 
 
 def _speculative(engine, n_draft, n=N_NEW):

@@ -48,7 +48,8 @@ from ds4trt.runtime.backends import tensorrt as RT
 from ds4trt.runtime.buffers import ALIGN, ITEMSIZE, cuda_call, plan_buffers
 from ds4trt.runtime.cache import CacheState
 from ds4trt.testing.tiny_gguf import random_quant
-from tiny_engines import CTX, tiny_engine, tiny_files
+from tiny_engines import CTX, N_NEW, PROMPT, tiny_engine, tiny_files
+from tiny_engines import greedy as _greedy
 
 torch.set_num_threads(1)
 
@@ -562,20 +563,9 @@ def test_cuda_call_raises_on_any_error_code():
 # The runtime's own logic on a stand-in TensorRT (CPU): contexts per profile, buffers, adoption, staging,
 # graph capture and replay, behind the unchanged Session / speculative loop
 
-PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333, 8, 144, 270, 19, 500]
 
 
-def _greedy(engine, n=14):
-    s = engine.session(CTX)
-    s.prefill(PROMPT, chunk=9)
-    out = [s.argmax()]
-    while len(out) < n:
-        s.eval(out[-1])
-        out.append(s.argmax())
-    return out
-
-
-def _speculative(engine, n_draft, n=14):
+def _speculative(engine, n_draft, n=N_NEW):
     s = engine.session(CTX)
     s.prefill(PROMPT, chunk=9)
     out, log = [s.argmax()], []

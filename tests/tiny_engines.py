@@ -16,6 +16,20 @@ from ds4trt import cli
 from ds4trt.testing.tiny_gguf import tiny_config, write_model_gguf, write_mtp_gguf
 
 CTX = 64
+# a prompt of 22 tokens for the backend comparisons (the tiny vocabulary has 512)
+PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333, 8, 144, 270, 19, 500]
+N_NEW = 14
+
+
+def greedy(engine, n: int = N_NEW) -> list[int]:
+    """Plain greedy decoding of n tokens after PROMPT (prefilled in chunks of 9), through any backend."""
+    s = engine.session(CTX)
+    s.prefill(PROMPT, chunk=9)
+    out = [s.argmax()]
+    while len(out) < n:
+        s.eval(out[-1])
+        out.append(s.argmax())
+    return out
 
 
 @functools.cache
