@@ -209,13 +209,12 @@ class Source:
 
 
 class TraceWeights:
-    """A Weights stand-in for tracing: the same queries; get() and file.raw() return uninitialised tensors of the
+    """A Weights stand-in for tracing: the same queries; get() and blocks() return uninitialised tensors of the
     right shape (no memory touched) and remember which GGUF tensor each stands for. I32 tensors are real: the
     graph holds them as constants."""
 
     def __init__(self, weights, sources: dict[int, Source]):
         self.weights, self.sources = weights, sources
-        self.file = self
 
     def has(self, name):
         return self.weights.has(name)
@@ -231,7 +230,7 @@ class TraceWeights:
             return self.weights.get(name)
         return self._placeholder(name, "float32", self.weights.shape_of(name), torch.float32)
 
-    def raw(self, name):
+    def blocks(self, name):
         nbytes = self.weights.file.tensors[name].nbytes
         return self._placeholder(name, "blocks", (nbytes,), torch.uint8)
 

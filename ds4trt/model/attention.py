@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from ds4trt.model.config import ModelConfig
+from ds4trt.model.linear import Linear
 from ds4trt.model.numerics import fp8_kv_row, hadamard_matrix, indexer_qat, rms_norm, round_f16
 from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
@@ -75,16 +76,19 @@ class Compressor(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, w, numerics: str, prefix: str):
-        """`w(name)` returns a float32 tensor for a GGUF tensor name; `prefix` is 'blk.N.' or 'mtp.0.'."""
+    def __init__(self, cfg: ModelConfig, layer: int, weights, numerics: str, prefix: str, linear=Linear.from_weights):
+        """`weights.get(name)` returns a float32 tensor for a GGUF tensor name; `prefix` is 'blk.N.' or 'mtp.0.';
+        `linear(weights, name, groups)` builds the Q8_0 projections (model/linear.py)."""
         super().__init__()
+        w = weights.get
         self.cfg, self.ratio = cfg, cfg.ratio(layer) if prefix.startswith("blk.") else 0
         self.ds4 = numerics == "ds4"
         g = lambda s: _param(w(prefix + s))  # noqa: E731
-        self.norm, self.q_a, self.q_a_norm, self.q_b = g("attn_norm.weight"), g("attn_q_a.weight"), \
-            g("attn_q_a_norm.weight"), g("attn_q_b.weight")
-        self.kv, self.kv_norm, self.sinks = g("attn_kv.weight"), g("attn_kv_a_norm.weight"), g("attn_sinks.weight")
-        self.out_a, self.out_b = g("attn_output_a.weight"), g("attn_output_b.weight")
+        lin = lambda s, groups=1: linear(weights, prefix + s, groups)  # noqa: E731
+        self.norm, self.q_a, self.q_a_norm, self.q_b = g("attn_norm.weight"), lin("attn_q_a.weight"), \
+            g("attn_q_a_norm.weight"), lin("attn_q_b.weight")
+        self.kv, self.kv_norm, self.sinks = lin("attn_kv.weight"), g("attn_kv_a_norm.weight"), g("attn_sinks.weight")
+        self.out_a, self.out_b = lin("attn_output_a.weight", cfg.o_groups), lin("attn_output_b.weight")
         self.freq = inv_freq(cfg, compressed=self.ratio != 0)
         keep = lambda x: x  # noqa: E731
         fp8 = (lambda x: fp8_kv_row(x, cfg.n_nope)) if self.ds4 else keep
@@ -111,9 +115,9 @@ class Attention(nn.Module):
         T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
         pos = start + torch.arange(T, device=y.device)              # [T]
         u = rms_norm(y, self.norm, cfg.rms_eps)
-        qn = rms_norm(u @ self.q_a.T, self.q_a_norm, cfg.rms_eps)   # [T, Lq]
-        q = rms_norm((qn @ self.q_b.T).reshape(T, H, d), None, cfg.rms_eps)
-        kv = rms_norm(u @ self.kv.T, self.kv_norm, cfg.rms_eps)     # [T, d]
+        qn = rms_norm(self.q_a(u), self.q_a_norm, cfg.rms_eps)   # [T, Lq]
+        q = rms_norm(self.q_b(qn).reshape(T, H, d), None, cfg.rms_eps)
+        kv = rms_norm(self.kv(u), self.kv_norm, cfg.rms_eps)     # [T, d]
         cos, sin = rope_cos_sin(self.freq, pos)
         q = apply_rope_tail(q, cos[:, None], sin[:, None])
         kv = apply_rope_tail(kv, cos, sin)
@@ -153,9 +157,7 @@ class Attention(nn.Module):
         p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
         o = torch.einsum("thk,kd->thd", p, k)                       # V = K
         o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
-        G = cfg.o_groups
-        low = torch.einsum("tgi,goi->tgo", o.reshape(T, G, H * d // G), self.out_a.reshape(G, -1, H * d // G))
-        return low.reshape(T, -1) @ self.out_b.T, rows
+        return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 
     def _indexer_select(self, u, qn, pos, old_index, new_index, visible) -> torch.Tensor:
         """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score

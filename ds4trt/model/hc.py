@@ -11,15 +11,23 @@ from ds4trt.model.numerics import rms_norm
 
 
 def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-           rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+           rms_eps: float, hc_eps: float, sinkhorn_iters: int, mix=None):
     """Reduce S streams to one sublayer input.
 
-    X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]
+    X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]; mix: hc_mix or a kernel with its signature
     returns y [T, D], post [T, S], comb [T, S, S] (comb[t, a, b]: source stream a -> destination b)
     """
     T, S, D = X.shape
     n = rms_norm(X.reshape(T, S * D), None, rms_eps)
     m = n @ fn.T                                                    # [T, (2+S)*S]
+    pre, post, comb = (mix or hc_mix)(m, scale, base, S, hc_eps, sinkhorn_iters)
+    y = (pre[:, :, None] * X).sum(dim=1)
+    return y, post, comb
+
+
+def hc_mix(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float, sinkhorn_iters: int):
+    """The mixer outputs m [T, (2+S)*S] -> pre [T, S], post [T, S], comb [T, S, S] (Sinkhorn-normalised)."""
+    T = m.shape[0]
     pre = torch.sigmoid(m[:, :S] * scale[0] + base[:S]) + hc_eps
     post = 2 * torch.sigmoid(m[:, S:2 * S] * scale[1] + base[S:2 * S])
     logits = (m[:, 2 * S:] * scale[2] + base[2 * S:]).reshape(T, S, S)
@@ -28,8 +36,7 @@ def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     for _ in range(sinkhorn_iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-    y = (pre[:, :, None] * X).sum(dim=1)
-    return y, post, comb
+    return pre, post, comb
 
 
 def hc_post(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,6 @@ class RoutedExperts(nn.Module):
         return out
 
 
-def shared_expert(v: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, clamp: float):
-    """v: [T, D]; gate, up: [F, D]; down: [D, F] -> [T, D]"""
-    return swiglu(v @ gate.T, v @ up.T, clamp) @ down.T
+def shared_expert(v: torch.Tensor, gate, up, down, clamp: float):
+    """v: [T, D]; gate, up: projections D -> F; down: F -> D (model/linear.py) -> [T, D]"""
+    return down(swiglu(gate(v), up(v), clamp))

@@ -20,6 +20,7 @@ import torch.nn as nn
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import _param
 from ds4trt.model.hc import hc_collapse
+from ds4trt.model.linear import Linear
 from ds4trt.model.moe import RoutedExperts
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache
@@ -27,24 +28,25 @@ from ds4trt.model.transformer import Block, StepOutput, Transformer
 
 
 class MTPHead(nn.Module):
-    def __init__(self, target: Transformer, weights, experts=RoutedExperts.from_weights):
+    def __init__(self, target: Transformer, weights, experts=RoutedExperts.from_weights, linear=Linear.from_weights):
         """`weights`: the MTP GGUF's tensors (get/has); the token embedding and LM head are the target's."""
         super().__init__()
         cfg = target.cfg
         self.cfg, self.target = cfg, [target]     # a list: do not register the target as a submodule
         w = weights.get
         g = lambda s: _param(w(N.mtp(s)))  # noqa: E731
-        self.e_proj, self.h_proj = g("e_proj.weight"), g("h_proj.weight")
+        self.e_proj, self.h_proj = linear(weights, N.mtp("e_proj.weight")), linear(weights, N.mtp("h_proj.weight"))
         self.enorm, self.hnorm, self.norm = g("enorm.weight"), g("hnorm.weight"), g("norm.weight")
         self.head_fn, self.head_scale, self.head_base = g("hc_head_fn.weight"), g("hc_head_scale.weight"), \
             g("hc_head_base.weight")
-        self.block = Block(cfg, 0, weights, target.numerics, N.MTP_PREFIX, hash_routed=False, experts=experts)
+        self.block = Block(cfg, 0, weights, target.numerics, N.MTP_PREFIX, hash_routed=False, experts=experts,
+                           linear=linear)
 
     def step(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
         """tokens: [T] (x_{i+1}); h: [T, S, D] (h_i); rows at positions start..start+T-1 -> hc [T, S, D]"""
         cfg, target = self.cfg, self.target[0]
-        e = rms_norm(target.embed[tokens], self.enorm, cfg.rms_eps) @ self.e_proj.T          # [T, D]
-        hh = rms_norm(h, self.hnorm, cfg.rms_eps) @ self.h_proj.T                             # [T, S, D]
+        e = self.e_proj(rms_norm(target.embed[tokens], self.enorm, cfg.rms_eps))              # [T, D]
+        hh = self.h_proj(rms_norm(h, self.hnorm, cfg.rms_eps))                                # [T, S, D]
         X, rows = self.block(e[:, None, :] + hh, tokens, start, caches[0])
         return StepOutput(hc=X, rows=[rows])
 
@@ -58,4 +60,4 @@ class MTPHead(nn.Module):
         """hc: [T, S, D] -> logits [T, V] through the MTP's HC head and norm and the target's LM head."""
         c, target = self.cfg, self.target[0]
         z = hc_collapse(hc, self.head_fn, self.head_scale, self.head_base, c.rms_eps, c.hc_eps)
-        return rms_norm(z, self.norm, c.rms_eps) @ target.output.T
+        return target.output(rms_norm(z, self.norm, c.rms_eps))

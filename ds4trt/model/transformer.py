@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from ds4trt.model.attention import Attention, _param
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
+from ds4trt.model.linear import Linear
+from ds4trt.model.hc import hc_collapse, hc_mix, hc_post, hc_pre
 from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache, LayerRows
@@ -25,7 +26,7 @@ NUMERICS = ("ds4", "float")
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights, prefix: str, hash_routed: bool, experts):
+    def __init__(self, cfg: ModelConfig, weights, prefix: str, hash_routed: bool, experts, linear):
         super().__init__()
         self.cfg = cfg
         w = weights.get
@@ -35,8 +36,8 @@ class FeedForward(nn.Module):
         self.register_buffer("tid2eid", w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None,
                              persistent=False)                                       # [V, k]
         self.experts = experts(weights, prefix, cfg.swiglu_clamp)
-        self.sh_gate, self.sh_up, self.sh_down = g("ffn_gate_shexp.weight"), g("ffn_up_shexp.weight"), \
-            g("ffn_down_shexp.weight")
+        self.sh_gate, self.sh_up, self.sh_down = (linear(weights, prefix + f"ffn_{s}_shexp.weight")
+                                                  for s in ("gate", "up", "down"))
 
     def forward(self, y: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """y: [T, D], tokens: [T] -> [T, D]"""
@@ -51,25 +52,26 @@ class HyperConnection(nn.Module):
     def __init__(self, cfg: ModelConfig, w, prefix: str):
         super().__init__()
         self.cfg = cfg
+        self.mix = hc_mix                # a backend may set a fused kernel with hc_mix's signature
         self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
             _param(w(prefix + "_base.weight"))
 
     def pre(self, X):
         c = self.cfg
-        return hc_pre(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters)
+        return hc_pre(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters, self.mix)
 
 
 class Block(nn.Module):
     """One transformer layer: HC-pre -> attention -> HC-post, HC-pre -> MoE -> HC-post."""
 
     def __init__(self, cfg: ModelConfig, layer: int, weights, numerics: str, prefix: str, hash_routed: bool,
-                 experts=RoutedExperts.from_weights):
+                 experts=RoutedExperts.from_weights, linear=Linear.from_weights):
         super().__init__()
         w = weights.get
         self.hc_attn = HyperConnection(cfg, w, prefix + "hc_attn")
-        self.attn = Attention(cfg, layer, w, numerics, prefix)
+        self.attn = Attention(cfg, layer, weights, numerics, prefix, linear)
         self.hc_ffn = HyperConnection(cfg, w, prefix + "hc_ffn")
-        self.ffn = FeedForward(cfg, weights, prefix, hash_routed, experts)
+        self.ffn = FeedForward(cfg, weights, prefix, hash_routed, experts, linear)
 
     def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """X: [T, S, D] -> [T, S, D], LayerRows"""
@@ -87,9 +89,11 @@ class StepOutput:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights, numerics: str = "ds4", experts=RoutedExperts.from_weights):
+    def __init__(self, cfg: ModelConfig, weights, numerics: str = "ds4", experts=RoutedExperts.from_weights,
+                 linear=Linear.from_weights):
         """`weights` has get(name) -> float32 tensor and has(name) (model/weights.py). `experts(weights,
-        prefix, clamp)` builds each layer's routed-expert module (a backend may keep GGUF blocks)."""
+        prefix, clamp)` builds each layer's routed-expert module and `linear(weights, name, groups)` each Q8_0
+        projection (a backend may keep GGUF blocks for both)."""
         super().__init__()
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -97,10 +101,10 @@ class Transformer(nn.Module):
         w = weights.get
         self.embed = _param(w(N.TOKEN_EMBD))                           # [V, D]
         self.blocks = nn.ModuleList(
-            Block(cfg, l, weights, numerics, f"blk.{l}.", cfg.is_hash(l), experts) for l in range(cfg.n_layer))
+            Block(cfg, l, weights, numerics, f"blk.{l}.", cfg.is_hash(l), experts, linear) for l in range(cfg.n_layer))
         self.head_fn, self.head_scale, self.head_base = _param(w(N.OUTPUT_HC_FN)), _param(w(N.OUTPUT_HC_SCALE)), \
             _param(w(N.OUTPUT_HC_BASE))
-        self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), _param(w(N.OUTPUT))
+        self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), linear(weights, N.OUTPUT)
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
         """tokens: [T] int64 at positions start..start+T-1; caches: read only."""
@@ -121,4 +125,4 @@ class Transformer(nn.Module):
         """hc: [T, S, D] -> logits [T, V]"""
         c = self.cfg
         z = hc_collapse(hc, self.head_fn, self.head_scale, self.head_base, c.rms_eps, c.hc_eps)
-        return rms_norm(z, self.out_norm, c.rms_eps) @ self.output.T
+        return self.output(rms_norm(z, self.out_norm, c.rms_eps))

@@ -11,6 +11,7 @@ dequantized until asked: `get(name)` returns a float32 tensor in numpy order (in
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,14 @@ class Weights:
                 t = torch.from_numpy(_writable(dequantize(raw, info.ggml_type, info.shape)))
             self._cache[name] = t
         return t
+
+    def blocks(self, name: str) -> torch.Tensor:
+        """The tensor's GGUF bytes as a 1-D uint8 tensor sharing the file mapping (read-only: never write it)."""
+        self._info(name)                     # a one-line error for a missing tensor
+        raw = self.file.raw(name)
+        with warnings.catch_warnings():      # torch warns that the mapping is not writable; nothing writes it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(raw)
 
     def expert(self, name: str, e: int) -> torch.Tensor:
         """Expert `e` of a 3-D expert tensor [E, rows, cols] as float32 [rows, cols], not dequantizing the rest."""

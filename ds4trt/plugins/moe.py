@@ -40,8 +40,6 @@ A TensorRT plugin binds to this node as plugin "MoE" in namespace "ds4", inputs 
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 import torch.nn as nn
@@ -149,17 +147,12 @@ class GGUFExperts(nn.Module):
     def from_weights(cls, weights, prefix: str, clamp: float) -> "GGUFExperts":
         """The `experts` factory (same signature as RoutedExperts.from_weights): the layer's three expert tensors'
         bytes, no dequantization. `weights` needs type_of(name), shape_of(name) (numpy order [E, rows, cols])
-        and file.raw(name) (model/weights.py Weights)."""
+        and blocks(name) (model/weights.py Weights)."""
         parts = []
         for suffix in (_GATE_SUFFIX, _UP_SUFFIX, _DOWN_SUFFIX):
             name = prefix + suffix
             t, (E, rows, cols) = weights.type_of(name), weights.shape_of(name)
-            raw = weights.file.raw(name)
-            if isinstance(raw, np.ndarray):
-                with warnings.catch_warnings():       # a read-only file mapping; the op never writes it
-                    warnings.simplefilter("ignore", UserWarning)
-                    raw = torch.from_numpy(raw)
-            parts.append((raw.reshape(blocks_shape(t, E, rows, cols)), t, E, rows, cols))
+            parts.append((weights.blocks(name).reshape(blocks_shape(t, E, rows, cols)), t, E, rows, cols))
         (g, gt, E, F, D), (u, ut, *_), (d, dt, *_) = parts
         return cls(g, u, d, (gt, ut, dt), E, F, D, clamp)
 

@@ -1,0 +1,29 @@
+"""Projections y = x @ W.T, the unit a backend swaps to keep a weight in its GGUF blocks (like the routed
+experts' `experts` factory): `Linear.from_weights(weights, name, groups)` is the default `linear` factory.
+
+groups G > 1 (attn_output_a): the N rows of W form G equal groups and group g reads x[..., g*K:(g+1)*K].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, groups: int = 1):
+        super().__init__()
+        self.weight = nn.Parameter(weight.to(torch.float32), requires_grad=False)      # [N, K]
+        self.groups = groups
+
+    @classmethod
+    def from_weights(cls, weights, name: str, groups: int = 1) -> "Linear":
+        return cls(weights.get(name), groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., G*K] -> [..., N]"""
+        if self.groups == 1:
+            return x @ self.weight.T
+        G, (N, K) = self.groups, self.weight.shape
+        y = torch.einsum("tgi,goi->tgo", x.reshape(-1, G, K), self.weight.reshape(G, N // G, K))
+        return y.reshape(*x.shape[:-1], N)
