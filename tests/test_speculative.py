@@ -59,7 +59,7 @@ class HCRecorder:
     def observe(self, hc):
         self.hc.extend(hc)
 
-    def catch_up(self, tokens):
+    def catch_up(self, tokens, graph=True):
         return None
 
     def reset(self):

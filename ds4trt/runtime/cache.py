@@ -46,30 +46,53 @@ class CacheState:
         """Write the first n proposed rows (positions pos..pos+n-1) of every layer; advance pos by n."""
         if n <= 0:
             return
+        start = self.start()
+        self.advance(n)
+        self.write(rows, n, start)
+
+    def advance(self, n: int) -> None:
+        """Count n more committed tokens (their rows written by `write`)."""
         if self.pos + n > self.ctx:
             raise ValueError(f"commit of {n} tokens at position {self.pos} exceeds the context size {self.ctx}")
-        pos = torch.arange(self.pos, self.pos + n, device=self.layers[0].raw.device)
-        for cache, r, ratio in zip(self.layers, rows, self.ratios):
-            cache.raw[pos % cache.raw.shape[0]] = r.raw[:n]      # later positions win on slot reuse
-            if ratio:
-                slots = pos % cache.comp_kv.shape[0]
-                cache.comp_kv[slots] = r.comp_kv[:n]
-                cache.comp_score[slots] = r.comp_score[:n]
-                emit = torch.nonzero((pos + 1) % ratio == 0).flatten()
-                cache.comp[(pos[emit] + 1) // ratio - 1] = r.comp[emit]
-            if ratio == 4:
-                slots = pos % 8
-                cache.index_kv[slots] = r.index_kv[:n]
-                cache.index_score[slots] = r.index_score[:n]
-                cache.index[(pos[emit] + 1) // 4 - 1] = r.index[emit]
         self.pos += n
 
-    def clone(self) -> "CacheState":
-        """An independent copy (the MTP drafter's scratch ring for recursive drafts)."""
-        other = object.__new__(CacheState)
-        other.__dict__.update(self.__dict__)
-        other.layers = [LayerCache(**{k: v.clone() for k, v in c.tensors().items()}) for c in self.layers]
-        return other
+    def write(self, rows: list[LayerRows], n: int, start: torch.Tensor) -> None:
+        """The tensor half of commit: rows 0..n-1 to positions start..start+n-1 (start: 0-d int64 tensor).
+        No host synchronization and fixed shapes for a given n, so a CUDA graph can capture it.
+        Where n exceeds a ring, only its last rows are written (later positions win a slot). Non-emitting
+        positions send their (zero) compressed row to the spare last row, which no position ever reads."""
+        pos = start + torch.arange(n, device=start.device)                       # [n]
+        last = lambda t, k: (pos[n - min(n, k):] % k, t[n - min(n, k):n])  # noqa: E731
+        for cache, r, ratio in zip(self.layers, rows, self.ratios):
+            cache.raw.index_copy_(0, *last(r.raw, cache.raw.shape[0]))
+            if ratio:
+                slots = cache.comp_kv.shape[0]
+                cache.comp_kv.index_copy_(0, *last(r.comp_kv, slots))
+                cache.comp_score.index_copy_(0, *last(r.comp_score, slots))
+                cache.comp.index_copy_(0, self._emit_rows(pos, ratio, cache.comp.shape[0]), r.comp[:n])
+            if ratio == 4:
+                cache.index_kv.index_copy_(0, *last(r.index_kv, 8))
+                cache.index_score.index_copy_(0, *last(r.index_score, 8))
+                cache.index.index_copy_(0, self._emit_rows(pos, 4, cache.index.shape[0]), r.index[:n])
+
+    @staticmethod
+    def _emit_rows(pos: torch.Tensor, ratio: int, cap: int) -> torch.Tensor:
+        """Compressed row written by each position: (p+1)/R - 1 where (p+1) % R == 0, else the spare row cap-1."""
+        return torch.where((pos + 1) % ratio == 0, torch.div(pos + 1, ratio, rounding_mode="floor") - 1, cap - 1)
+
+    def reset(self) -> None:
+        """Back to no tokens, in place (the buffers keep their addresses: captured CUDA graphs stay valid)."""
+        for c in self.layers:
+            for name, t in c.tensors().items():
+                t.fill_(NEG if name.endswith("_score") else 0.0)
+        self.pos = 0
+
+    def copy_from(self, other: "CacheState") -> None:
+        """Become a copy of `other` (same shapes), in place."""
+        for a, b in zip(self.layers, other.layers):
+            for name, t in a.tensors().items():
+                t.copy_(getattr(b, name))
+        self.pos = other.pos
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every cache tensor by a stable name (for equality tests and device-buffer backends)."""

@@ -22,6 +22,7 @@ from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.runtime import speculative
 from ds4trt.runtime.cache import CacheState
 from ds4trt.runtime.profile import PHASES
+from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 256
@@ -29,16 +30,21 @@ PREFILL_CHUNK = 256
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer | None, mtp: MTPHead | None = None,
-                 source: str = "", dtype: torch.dtype = torch.float32, device: str = "cpu"):
+                 source: str = "", dtype: torch.dtype = torch.float32, device: str = "cpu", steps=Steps):
         """`model` and `mtp` are any backend's callables with the signatures of Transformer.forward and
-        MTPHead.forward (PyTorch modules here; ONNX Runtime / TensorRT graph runners elsewhere)."""
+        MTPHead.forward (PyTorch modules here; ONNX Runtime / TensorRT graph runners elsewhere).
+        `steps(model, cache)` binds one of them to a session's cache (runtime/steps.py; CUDA graphs:
+        backends/cuda.py)."""
         self.model, self.tokenizer, self.mtp, self.source = model, tokenizer, mtp, source
         self.dtype, self.device = dtype, torch.device(device)
+        self.bind_steps = steps
         self.cfg = model.cfg
 
     @classmethod
     def open(cls, gguf_path: str | Path, mtp_path: str | Path | None = None, numerics: str = "ds4",
              dtype: torch.dtype = torch.float32, device: str = "cpu") -> "Engine":
+        """The PyTorch reference: every weight dequantized to `dtype` (CPU; any torch device). On a GPU,
+        backends/cuda.py's open_engine keeps the GGUF blocks and runs the kernels."""
         gguf_file, cfg, weights = load_target(gguf_path)
         tokenizer = Tokenizer.from_gguf(gguf_file)
         model = Transformer(cfg, weights, numerics).to(device=device, dtype=dtype)
@@ -60,9 +66,11 @@ class Session:
         self.model = engine.model
         self.dtype, self.device = engine.dtype, engine.device
         self.cache = CacheState(engine.cfg, ctx, dtype=self.dtype, device=self.device)
+        self.target = engine.bind_steps(self.model, self.cache)
         self.tokens: list[int] = []
         self.logits: torch.Tensor | None = None      # [V] after the last committed token
-        self.drafter = speculative.MTPDrafter(engine.mtp, ctx, self.dtype, self.device) if engine.mtp else None
+        self.drafter = speculative.MTPDrafter(engine.mtp, ctx, self.dtype, self.device, engine.bind_steps) \
+            if engine.mtp else None
         self.stats = speculative.SpecStats()
 
     @property
@@ -70,19 +78,18 @@ class Session:
         return self.cache.pos
 
     # ---- the target model: propose, then commit ----
-    def target_step(self, tokens: list[int], all_logits: bool = True):
-        """Run the target on `tokens` after the committed ones. Nothing is written.
+    def target_step(self, tokens: list[int], all_logits: bool = True, graph: bool = True):
+        """Run the target on `tokens` after the committed ones. Nothing is written. graph=False: a prefill
+        chunk (a CUDA-graph backend runs it eagerly rather than capture a shape seen once).
         returns logits [T, V] (or [1, V] for the last row only), final HC [T, S, D], proposed rows"""
         if self.pos + len(tokens) > self.ctx:
             raise Ds4Error(f"context full: {self.pos} + {len(tokens)} tokens exceed --ctx {self.ctx}")
         with torch.no_grad():
-            return self.model(torch.tensor(tokens, dtype=torch.int64, device=self.device), self.cache.start(),
-                              self.cache.layers,
-                              last_only=not all_logits)
+            return self.target.run(tokens, last_only=not all_logits, graph=graph)
 
     def commit(self, tokens: list[int], hc: torch.Tensor, rows, logits_row: torch.Tensor, n: int) -> None:
         """Keep the first n of `tokens` (their rows are `rows`); `logits_row` [V] follows token n-1."""
-        self.cache.commit(rows, n)
+        self.target.commit(rows, n)
         self.tokens.extend(tokens[:n])
         self.logits = logits_row
         if self.drafter is not None:
@@ -97,10 +104,10 @@ class Session:
         for i in range(0, len(tokens), chunk):
             part = tokens[i:i + chunk]
             with PHASES.phase("prefill"):
-                logits, hc, rows = self.target_step(part, all_logits=False)
+                logits, hc, rows = self.target_step(part, all_logits=False, graph=False)
                 self.commit(part, hc, rows, logits[-1], len(part))
                 if self.drafter is not None:
-                    self.drafter.catch_up(self.tokens)   # feed the drafter every pair whose next token is known
+                    self.drafter.catch_up(self.tokens, graph=False)   # feed the drafter every pair whose next token is known
         return self.logits
 
     def eval(self, token: int) -> torch.Tensor:
@@ -119,7 +126,7 @@ class Session:
         if not 0 <= pos <= self.pos:
             raise Ds4Error(f"cannot rewind to position {pos}: the session holds {self.pos} tokens")
         kept = self.tokens[:pos]
-        self.cache = CacheState(self.engine.cfg, self.ctx, dtype=self.dtype, device=self.device)
+        self.cache.reset()
         self.tokens, self.logits = [], None
         if self.drafter is not None:
             self.drafter.reset()

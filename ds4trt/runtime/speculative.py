@@ -23,6 +23,7 @@ import torch
 from ds4trt.model.mtp import MTPHead
 from ds4trt.runtime.cache import CacheState
 from ds4trt.runtime.profile import PHASES
+from ds4trt.runtime.steps import Steps
 
 
 @dataclass
@@ -53,12 +54,16 @@ class SpecStats:
 class MTPDrafter:
     """Drafts with the MTP head. Keeps the target HC states it has not consumed yet."""
 
-    def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype, device: torch.device = torch.device("cpu")):
-        self.mtp, self.ctx, self.dtype, self.device = mtp, ctx, dtype, device
+    def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype, device: torch.device = torch.device("cpu"),
+                 steps=Steps):
+        self.mtp = mtp
+        self.cache = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)
+        self.scratch = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)   # recursive drafts
+        self.head, self.scratch_head = steps(mtp, self.cache), steps(mtp, self.scratch)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = CacheState(self.mtp.cfg, self.ctx, ratios=[0], dtype=self.dtype, device=self.device)
+        self.cache.reset()
         self.pending_hc = None                          # [U, S, D]: h_i for i = cache.pos .. cache.pos+U-1
 
     def observe(self, hc: torch.Tensor) -> None:
@@ -66,16 +71,17 @@ class MTPDrafter:
         self.pending_hc = hc if self.pending_hc is None else torch.cat([self.pending_hc, hc])
 
     @torch.no_grad()
-    def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
+    def catch_up(self, tokens: list[int], graph: bool = True) -> torch.Tensor | None:
         """Run (and commit) the head on every pending pair (h_i, tokens[i+1]); returns the logits [V] and
-        output HC state [1, S, D] of the last pair, or None if no pair was ready."""
+        output HC state [1, S, D] of the last pair, or None if no pair was ready. graph=False after a prefill
+        chunk (runtime/steps.py)."""
         i0 = self.cache.pos
         n = 0 if self.pending_hc is None else min(len(self.pending_hc), len(tokens) - 1 - i0)
         if n <= 0:
             return None
-        nxt = torch.tensor(tokens[i0 + 1:i0 + 1 + n], dtype=torch.int64, device=self.device)
-        logits, hc, rows = self.mtp(nxt, self.pending_hc[:n], self.cache.start(), self.cache.layers, last_only=True)
-        self.cache.commit(rows, n)
+        logits, hc, rows = self.head.run(tokens[i0 + 1:i0 + 1 + n], self.pending_hc[:n], last_only=True,
+                                         graph=graph)
+        self.head.commit(rows, n)
         self.pending_hc = self.pending_hc[n:]
         return logits[0], hc[-1:]
 
@@ -86,7 +92,7 @@ class MTPDrafter:
         if ready is None or self.cache.pos != len(tokens):
             return []
         logits, hc = ready
-        drafts, scratch = [], None
+        drafts, copied = [], False
         while True:
             top = torch.topk(logits, 2)
             tok, gap = int(top.indices[0]), float(top.values[0] - top.values[1])
@@ -95,10 +101,11 @@ class MTPDrafter:
             drafts.append((tok, gap))
             if len(drafts) == n or tok == eos:
                 break
-            if scratch is None:
-                scratch = self.cache.clone()
-            logits, hc, rows = self.mtp(torch.tensor([tok], device=self.device), hc, scratch.start(), scratch.layers)
-            scratch.commit(rows, 1)
+            if not copied:
+                self.scratch.copy_from(self.cache)
+                copied = True
+            logits, hc, rows = self.scratch_head.run([tok], hc)
+            self.scratch_head.commit(rows, 1)
             logits = logits[0]
         return drafts
 

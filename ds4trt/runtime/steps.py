@@ -1,0 +1,31 @@
+"""A step function bound to the one CacheState it reads and writes:
+
+    steps = Steps(model, cache)
+    logits, hc, rows = steps.run(tokens, h=None, last_only=False)   # propose: reads the cache, writes nothing
+    (run(..., graph=False): a one-off shape such as a prefill chunk; a graph backend runs it eagerly)
+    steps.commit(rows, n)                                            # write the first n rows, advance the cache
+
+`model` is the target (Transformer.forward signature) or the MTP head (MTPHead.forward: it also takes h).
+This eager version calls them directly; backends/cuda.py replays the same two calls from CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ds4trt.runtime.cache import CacheState
+
+
+class Steps:
+    def __init__(self, model, cache: CacheState):
+        self.model, self.cache = model, cache
+        self.device = cache.layers[0].raw.device
+
+    def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
+        """tokens at positions cache.pos..; h: [T, S, D] for the MTP head. -> logits [T or 1, V], hc [T, S, D], rows"""
+        t = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        args = (t,) if h is None else (t, h)
+        return self.model(*args, self.cache.start(), self.cache.layers, last_only=last_only)
+
+    def commit(self, rows, n: int) -> None:
+        self.cache.commit(rows, n)
