@@ -43,6 +43,12 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as plain text")
     p.add_argument("--numerics", choices=("ds4", "float"), default="ds4",
                    help="ds4: FP8 KV and FP4 indexer rounding as ds4 does (default); float: none")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="with --gguf: cuda keeps the GGUF blocks on the GPU and replays CUDA graphs (Triton kernels); "
+                        "cpu runs the PyTorch reference; auto: cuda when a GPU and Triton are present (default)")
+    p.add_argument("--compile", action="store_true",
+                   help="with --device cuda: torch.compile each block's glue around the kernels (faster steps; "
+                        "each new step length compiles first, seconds to a minute)")
     p.add_argument("--info", action="store_true", help="print the model summary and exit")
     p.add_argument("--profile", action="store_true",
                    help="print per-phase latency p50/p99 (prefill, decode, draft, verify, accept, commit) on stderr")
@@ -200,12 +206,31 @@ def _context(args, engine) -> int:
     return args.ctx
 
 
+def _device(choice: str) -> str:
+    """--device resolved: 'cuda' needs a CUDA device and Triton (the kernels), 'auto' picks it when both exist."""
+    import importlib.util
+
+    import torch
+
+    have = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+    if choice == "cuda" and not have:
+        raise Ds4Error("--device cuda: " + ("no CUDA device is visible to PyTorch" if not torch.cuda.is_available()
+                                            else "the kernels need Triton (pip install triton)"))
+    return "cuda" if choice == "cuda" or (choice == "auto" and have) else "cpu"
+
+
 def _open_engine(args, gguf, mtp):
     """The Engine: from GGUF files, or with --engines from an engine directory written by ds4-build (ONNX
     Runtime or TensorRT by its manifest's backend; the session's context is the one the directory was built for)."""
     from ds4trt.runtime.session import Engine
 
     if not args.engines:
+        if _device(args.device) == "cuda":
+            from ds4trt.runtime.backends.cuda import open_engine as open_cuda
+
+            return open_cuda(gguf, mtp, numerics=args.numerics, compile=args.compile)
+        if args.compile:
+            raise Ds4Error("--compile applies to --device cuda (the PyTorch reference on the CPU runs eagerly)")
         return Engine.open(gguf, mtp, numerics=args.numerics)
     from ds4trt.export.manifest import backend_of
 
@@ -235,6 +260,8 @@ def run(argv: list[str] | None = None) -> int:
     PHASES.enabled = args.profile
     if args.engines and (args.gguf or args.mtp or args.info):
         raise Ds4Error("--engines replaces --gguf, --mtp and --info: the directory holds the model")
+    if args.engines and args.device != "auto":
+        raise Ds4Error("--device applies to --gguf runs; --engines runs on the backend its manifest names")
     gguf = args.gguf or (None if args.engines else str(_default_model("demo.gguf")))
     if args.info:
         _info(gguf)

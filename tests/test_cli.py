@@ -368,7 +368,17 @@ BAD_INPUTS = {
     "top-p-zero": (lambda c: ["--gguf", c.tiny_gguf, "-p", "hi", "--temp", 1, "--top-p", 0], ["--top-p"]),
     "top-k-negative": (lambda c: ["--gguf", c.tiny_gguf, "-p", "hi", "--temp", 1, "--top-k", -2], ["--top-k"]),
     "seed-overflow": (lambda c: ["--gguf", c.tiny_gguf, "-p", "hi", "--temp", 1, "--seed", 10 ** 30], ["--seed"]),
+    # --device with an engine directory (it runs on the backend its manifest names)
+    "device-with-engines": (lambda c: ["--engines", c.tmp_path, "--device", "cpu", "-p", "hi"],
+                            ["--device", "--engines"]),
 }
+if not torch.cuda.is_available():
+    # --compile without a GPU (the CPU reference is not compiled)
+    BAD_INPUTS["compile-on-cpu"] = (lambda c: ["--gguf", c.tiny_gguf, "--device", "cpu", "--compile", "-p", "hi"],
+                                    ["--compile", "--device cuda"])
+    # --device cuda where PyTorch sees no GPU
+    BAD_INPUTS["device-cuda-without-gpu"] = (lambda c: ["--gguf", c.tiny_gguf, "--device", "cuda", "-p", "hi"],
+                                             ["--device cuda", "no CUDA device"])
 
 
 def _write(path: Path, data: bytes) -> Path:

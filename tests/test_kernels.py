@@ -31,23 +31,13 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from triton_env import DEVICE, GPU, HAVE_TRITON, INTERP  # noqa: I001 - first: it may set TRITON_INTERPRET
 from ds4trt.plugins import moe as moe_op
 from ds4trt.testing.tiny_gguf import random_quant
 
-if os.environ.get("DS4_TRITON_INTERPRET") == "1" and not torch.cuda.is_available():
-    # read when @triton.jit decorates a function (triton's own library too): so before triton is imported
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
-GPU = HAVE_TRITON and torch.cuda.is_available()
-INTERP = HAVE_TRITON and not GPU and os.environ.get("TRITON_INTERPRET") == "1"
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import moe_triton, q8_triton
+    from ds4trt.plugins.kernels import hc_triton, moe_triton, q8_triton
 
-DEVICE = "cuda" if GPU else "cpu"
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
         + ("; or set DS4_TRITON_INTERPRET=1 for the CPU-interpreter subset" if HAVE_TRITON else ""))
@@ -301,6 +291,22 @@ def test_q8_lm_head():
 # Compilation for the H200 without one
 
 @pytest.mark.skipif(not INTERP, reason="the offline sm_90 compile check runs with DS4_TRITON_INTERPRET=1 (no GPU)")
+@pytest.mark.parametrize("T", [1, 3, 17])
+def test_hc_mix_vs_float64(T):
+    """hc_triton against model/hc.py hc_mix in float64, fresh random mixer outputs, poisoned outputs replaced."""
+    from ds4trt.model.hc import hc_mix
+
+    g = torch.Generator().manual_seed(_seed("hc", T))
+    S = 4
+    m = torch.randn(T, (2 + S) * S, generator=g) * 3
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn((2 + S) * S, generator=g)
+    want = hc_mix(m.double(), scale.double(), base.double(), S, 1e-6, 20)
+    got = hc_triton.hc_mix_triton(m.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), S, 1e-6, 20)
+    for name, a, b in zip(("pre", "post", "comb"), got, want):
+        assert a.shape == b.shape, name
+        assert _rel(a, b) <= TOL, f"{name}: relative error {_rel(a, b):.2e}"
+
+
 def test_every_variant_compiles_for_sm90():
     """Compile (not run) each kernel variant the GPU tests and the benchmark use, for sm_90, with ptxas from
     the triton wheel: catches what the interpreter cannot (types, layouts, register spills into local memory

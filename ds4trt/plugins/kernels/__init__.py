@@ -3,6 +3,7 @@
     moe_triton.moe_forward        ds4::MoE (plugins/moe.py) on GGUF expert blocks: IQ2_XXS, Q2_K, Q4_K
     moe_triton.dequant_rows_triton  whole rows of such blocks -> float32 (a test and debugging aid)
     q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows
+    hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)

@@ -1,0 +1,229 @@
+"""CUDA backend: the PyTorch model with its quantized weights resident on the GPU as GGUF blocks, computed by
+the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
+
+    engine = open_engine("model.gguf", "mtp.gguf")          # Engine(..., steps=GraphedSteps)
+    s = engine.session(4096)                                 # the same Session / speculative loop as on the CPU
+
+Weights: Q8_0 projections -> Q8Linear (q8_matmul), routed experts -> CudaExperts (moe_forward on IQ2_XXS /
+Q2_K / Q4_K blocks); F16/F32 tensors (norms, HC, router, compressors, indexer, embedding) as float32.
+The hyper-connections' Sinkhorn mixing runs as one kernel (hc_triton).
+No float copy of a quantized weight is kept.
+
+Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
+drafts, draft, catch-up) and `commit` for each (T, last_only, n); prefill chunks run eagerly. Every graph
+reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
+
+compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
+Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
+per block kind and step length, compiled on first use (about a minute per step length for the 43 Flash
+layers on the H200); eager steps ignore it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ds4trt.model.mtp import MTPHead
+from ds4trt.model.transformer import HyperConnection, Transformer
+from ds4trt.model.weights import load_mtp, load_target
+from ds4trt.plugins.kernels import hc_triton, moe_triton, q8_triton
+from ds4trt.plugins.moe import GGUFExperts
+from ds4trt.runtime.session import Engine
+from ds4trt.runtime.steps import Steps
+from ds4trt.tokenizer import Tokenizer
+
+KERNEL_MAX_T = 16            # the kernels' row limit (q8_matmul, moe_forward): longer steps go in slices
+MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
+Q8_BLOCK, Q8_BYTES = 32, 34
+
+
+# The kernels as PyTorch custom ops: opaque to torch.compile (which fuses the glue around them) and to CUDA graphs.
+@torch.library.custom_op("ds4trt::q8_matmul", mutates_args=())
+def q8_matmul_op(x: torch.Tensor, blocks: torch.Tensor, N: int, K: int, groups: int) -> torch.Tensor:
+    return q8_triton.q8_matmul(x, blocks, N, K, groups)
+
+
+@q8_matmul_op.register_fake
+def _(x, blocks, N, K, groups):
+    return x.new_empty(x.shape[0], N)
+
+
+@torch.library.custom_op("ds4trt::moe", mutates_args=())
+def moe_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
+           up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
+           clamp: float) -> torch.Tensor:
+    return moe_triton.moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type,
+                                  down_type, clamp)
+
+
+@moe_op.register_fake
+def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp):
+    return v.new_empty(v.shape)
+
+
+@torch.library.custom_op("ds4trt::hc_mix", mutates_args=())
+def hc_mix_op(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float,
+              sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_mix_triton(m, scale, base, S, hc_eps, sinkhorn_iters)
+
+
+@hc_mix_op.register_fake
+def _(m, scale, base, S, hc_eps, sinkhorn_iters):
+    T = m.shape[0]
+    return m.new_empty(T, S), m.new_empty(T, S), m.new_empty(T, S, S)
+
+
+class Q8Linear(nn.Module):
+    """x @ W.T with W kept as Q8_0 blocks (model/linear.py's contract, groups included).
+    blocks: uint8 [N, K/32*34]."""
+
+    def __init__(self, blocks: torch.Tensor, N: int, K: int, groups: int = 1):
+        super().__init__()
+        self.register_buffer("blocks", blocks.reshape(N, K // Q8_BLOCK * Q8_BYTES))
+        self.N, self.K, self.groups = N, K, groups
+
+    @classmethod
+    def from_weights(cls, weights, name: str, groups: int = 1) -> "Q8Linear":
+        N, K = weights.shape_of(name)
+        return cls(weights.blocks(name), N, K, groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., G*K] float32 -> [..., N]"""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] <= KERNEL_MAX_T:
+            y = q8_matmul_op(x2, self.blocks, self.N, self.K, self.groups)
+        else:       # long prefill chunks: dequantize this weight for the one product, then drop it
+            G, n = self.groups, self.N // self.groups
+            w = dequantize_q8(self.blocks, self.K).reshape(G, n, self.K)
+            y = torch.einsum("tgi,goi->tgo", x2.reshape(-1, G, self.K), w).reshape(-1, self.N)
+        return y.reshape(*lead, self.N)
+
+
+def dequantize_q8(blocks: torch.Tensor, K: int) -> torch.Tensor:
+    """uint8 [N, K/32*34] Q8_0 rows -> float32 [N, K] (value = f16 scale * int8 quant, exact)."""
+    b = blocks.reshape(blocks.shape[0], K // Q8_BLOCK, Q8_BYTES)
+    d = b[..., :2].contiguous().view(torch.float16).float()              # [N, K/32, 1]
+    q = b[..., 2:].contiguous().view(torch.int8).float()                 # [N, K/32, 32]
+    return (q * d).reshape(blocks.shape[0], K)
+
+
+class CudaExperts(GGUFExperts):
+    """ds4::MoE computed by moe_forward (Triton) on the GGUF blocks, in slices of at most 16 tokens."""
+
+    def forward(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
+        n = KERNEL_MAX_T
+        outs = [moe_op(v[i:i + n], ids[i:i + n], weights[i:i + n], self.gate_blocks, self.up_blocks,
+                       self.down_blocks, *self.types, self.clamp) for i in range(0, v.shape[0], n)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def to_device(model: nn.Module, device) -> nn.Module:
+    """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
+    the hyper-connections' Sinkhorn mixing becomes one kernel per call (plugins/kernels/hc_triton.py)."""
+    model.to(device)
+    for m in model.modules():
+        if isinstance(m, HyperConnection):
+            m.mix = hc_mix_op
+    for m in model.modules():
+        if isinstance(getattr(m, "freq", None), torch.Tensor):
+            m.freq = m.freq.to(device)
+    return model
+
+
+class _Captured:
+    def __init__(self, graph: torch.cuda.CUDAGraph, tokens: torch.Tensor, h: torch.Tensor | None, out):
+        self.graph, self.tokens, self.h, self.out = graph, tokens, h, out
+
+
+class GraphedSteps(Steps):
+    """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only) for `run`, one per
+    (T, last_only, n) for `commit`. The first call of a shape runs it eagerly (compiling the Triton kernels),
+    then captures it. `run` returns logits and hc as fresh tensors and the rows as the graph's own outputs:
+    valid until this object's next `run` (commit them before that)."""
+
+    def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
+        super().__init__(model, cache)
+        self.max_T = max_T
+        self.start = torch.zeros((), dtype=torch.int64, device=self.device)   # position of the step's token 0
+        self.graphs: dict[tuple, _Captured] = {}
+        self.commits: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.last: tuple | None = None          # key and rows of the latest graphed run
+
+    def _call(self, g: _Captured, last_only: bool):
+        args = (g.tokens,) if g.h is None else (g.tokens, g.h)
+        return self.model(*args, self.start, self.cache.layers, last_only=last_only)
+
+    def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
+        T = len(tokens)
+        if not graph or T > self.max_T:
+            self.last = None
+            with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
+                return super().run(tokens, h, last_only)
+        key = (T, last_only)
+        self.start.fill_(self.cache.pos)
+        g = self.graphs.get(key)
+        if g is None:
+            g = _Captured(None, torch.zeros(T, dtype=torch.int64, device=self.device),
+                          None if h is None else torch.zeros_like(h), None)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):                     # warm-up: Triton compiles, lookup tables load
+                self._call(g, last_only)
+            torch.cuda.current_stream().wait_stream(side)
+            g.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g.graph):
+                g.out = self._call(g, last_only)
+            self.graphs[key] = g
+        g.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
+        if h is not None:
+            g.h.copy_(h)
+        g.graph.replay()
+        logits, hc, rows = g.out
+        self.last = (key, rows)
+        return logits.clone(), hc.clone(), rows
+
+    def commit(self, rows, n: int) -> None:
+        if n <= 0:
+            return
+        if self.last is None or rows is not self.last[1]:
+            return super().commit(rows, n)        # rows of an eager run
+        key = (*self.last[0], n)
+        self.cache.advance(n)                     # checks the context; self.start still holds the old position
+        c = self.commits.get(key)
+        if c is None:
+            self.cache.write(rows, n, self.start)                 # the real write, eagerly
+            c = self.commits[key] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(c):                              # captured, not executed
+                self.cache.write(rows, n, self.start)
+        else:
+            c.replay()
+
+
+def compile_blocks(*models: nn.Module) -> None:
+    """torch.compile every transformer block of these models in place (see the module docstring)."""
+    torch._dynamo.config.recompile_limit = 512          # block kinds x step lengths, all legitimate
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    for m in models:
+        for b in (m.blocks if hasattr(m, "blocks") else [m.block]):
+            b.compile(fullgraph=True, dynamic=False)
+
+
+def open_engine(gguf_path: str | Path, mtp_path: str | Path | None = None, numerics: str = "ds4",
+                device: str = "cuda", graphs: bool = True, compile: bool = False) -> Engine:
+    """An Engine whose weights stay in their GGUF formats on `device`; graphs=False runs every step eagerly."""
+    gguf_file, cfg, weights = load_target(gguf_path)
+    kernels = dict(experts=CudaExperts.from_weights, linear=Q8Linear.from_weights)
+    model = to_device(Transformer(cfg, weights, numerics, **kernels), device)
+    mtp = None
+    if mtp_path is not None:
+        _, mtp_weights = load_mtp(mtp_path, cfg)
+        mtp = to_device(MTPHead(model, mtp_weights, **kernels), device)
+    if compile:
+        compile_blocks(model, *([mtp] if mtp is not None else []))
+    return Engine(model, Tokenizer.from_gguf(gguf_file), mtp, str(gguf_path), torch.float32, device,
+                  steps=GraphedSteps if graphs else Steps)

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Whole-model speed of the CUDA backend at DeepSeek V4 Flash width, on synthetic weights built on the GPU.
+
+    python3 scripts/bench_decode.py [--layers 43] [--prefill 2048] [--repeats 30] [--json FILE]
+
+The model is the real Transformer (model/transformer.py) with the CUDA backend's kernels
+(runtime/backends/cuda.py): Flash widths (hidden 4096, 64 heads x 512, 256 experts x 2048, vocabulary
+129280, ModelConfig.flash()), the q2 mix (IQ2_XXS gate/up, Q2_K down, Q8_0 projections, F16 where ds4 has
+F16, kept as float32 by this backend), random bytes with moderate f16 scales (never zeros), random routing.
+Steps run through GraphedSteps exactly as a session runs them (one CUDA graph per step shape + a commit graph);
+--compile also fuses each block's glue with torch.compile.
+
+Measured (median of --repeats, CUDA events around run + commit, so host work between graphs counts):
+  decode   T = 1 at a short context and after the --prefill prompt
+  verify   T = 2..4 after the prompt (commit of 1 row: the positions advance by one per repeat)
+  prefill  the --prefill prompt in chunks (--chunk; chunks longer than 16 tokens run eagerly)
+For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
+one embedding row per token; the visible cache rows), the floor = bytes / measured copy bandwidth, and the
+achieved fraction. Also the device memory of the model and the peak of the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_kernels import copy_bandwidth, random_blocks  # noqa: E402
+
+from ds4trt.gguf_io import names as N  # noqa: E402
+from ds4trt.gguf_io.dequant import type_name  # noqa: E402
+from ds4trt.model.config import ModelConfig  # noqa: E402
+from ds4trt.model.layout import target_layout  # noqa: E402
+from ds4trt.model.transformer import Transformer  # noqa: E402
+from ds4trt.plugins.moe import row_bytes  # noqa: E402
+from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, Q8Linear, compile_blocks, to_device  # noqa: E402
+from ds4trt.runtime.cache import CacheState  # noqa: E402
+
+Q2_MIX = {"ffn_gate_exps": N.IQ2_XXS, "ffn_up_exps": N.IQ2_XXS, "ffn_down_exps": N.Q2_K}
+START = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - START:6.1f}s] {msg}", flush=True)
+
+
+class SyntheticWeights:
+    """The Weights interface (get, has, type_of, shape_of, blocks) over random tensors made on the GPU, in the
+    types of ds4's q2 GGUF: what the CUDA backend's factories read, without a file."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0):
+        self.specs = {s.name: s for s in target_layout(cfg)}
+        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.cfg = cfg
+
+    def has(self, name):
+        return name in self.specs
+
+    def type_of(self, name) -> int:
+        types = self.specs[name].types
+        for key, t in Q2_MIX.items():
+            if key in name:
+                return t
+        return N.F16 if N.F16 in types else types[0]
+
+    def shape_of(self, name):
+        return self.specs[name].shape
+
+    def nbytes(self, name) -> int:
+        shape, t = self.shape_of(name), self.type_of(name)
+        rows = 1
+        for s in shape[:-1]:
+            rows *= s
+        return rows * row_bytes(t, shape[-1])
+
+    def get(self, name) -> torch.Tensor:
+        shape, t = self.shape_of(name), self.type_of(name)
+        if t == N.I32:                                            # hash routing table: random experts
+            return torch.randint(0, self.cfg.n_expert, shape, device="cuda", generator=self.gen)
+        x = torch.randn(shape, device="cuda", generator=self.gen)
+        if len(shape) == 2:
+            x /= shape[1] ** 0.5
+        elif name.endswith("norm.weight"):
+            x = 1 + 0.1 * x
+        return x.half().float() if t == N.F16 else x
+
+    def blocks(self, name) -> torch.Tensor:
+        shape, t = self.shape_of(name), self.type_of(name)
+        lead = shape[0] if len(shape) == 3 else 1
+        return random_blocks(t, shape[-2], shape[-1], lead, gen=self.gen).reshape(-1)
+
+
+def step_bytes(w: SyntheticWeights, cfg: ModelConfig, T: int, pos: int) -> float:
+    """Bytes a step of T tokens at position pos must read, in GGUF formats (see the module docstring)."""
+    total = 0.0
+    used = min(cfg.n_expert, T * cfg.n_expert_used)
+    for name in w.specs:
+        b = w.nbytes(name)
+        if "_exps." in name:
+            b *= used / cfg.n_expert
+        elif name == N.TOKEN_EMBD:
+            b = T * cfg.n_embd * 2
+        total += b
+    for l in range(cfg.n_layer):                        # visible cache rows (this backend keeps them float32)
+        r = cfg.ratio(l)
+        total += (cfg.window - 1) * cfg.head_dim * 4
+        if r:
+            total += (pos // r) * cfg.head_dim * 4
+        if r == 4:
+            total += (pos // 4) * cfg.index_head_dim * 4
+    return total
+
+
+def timed(fn, repeats: int) -> float:
+    """Median milliseconds of fn() over repeats, CUDA events around each call."""
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=43, help="transformer layers (Flash has 43)")
+    ap.add_argument("--prefill", type=int, default=2048, help="prompt tokens to prefill")
+    ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (<= 16: CUDA graphs, else eager)")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="at the end, profile 5 decode steps (torch.profiler) and print the kernels by GPU time")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_decode.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    flash = ModelConfig.flash()
+    cfg = dataclasses.replace(flash, n_layer=args.layers, compress_ratios=flash.compress_ratios[:args.layers],
+                              n_hash_layer=min(flash.n_hash_layer, args.layers))
+    bw = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name(0)}; copy bandwidth {bw / 1e12:.3f} TB/s (2 GiB device copy, read + write)")
+
+    w = SyntheticWeights(cfg)
+    with torch.no_grad():
+        model = to_device(Transformer(cfg, w, "ds4", experts=CudaExperts.from_weights,
+                                      linear=Q8Linear.from_weights), "cuda")
+    if args.compile:
+        compile_blocks(model)
+    torch.cuda.synchronize()
+    weights_gib = torch.cuda.memory_allocated() / 2 ** 30
+    gguf_gib = sum(w.nbytes(n) for n in w.specs) / 2 ** 30
+    log(f"model: {cfg.n_layer} layers on the GPU, {weights_gib:.2f} GiB resident ({gguf_gib:.2f} GiB in GGUF formats)")
+
+    ctx = args.prefill + 4 * args.repeats + 64
+    cache = CacheState(cfg, ctx, device="cuda")
+    steps = GraphedSteps(model, cache)
+    vocab = torch.Generator().manual_seed(1)
+    tokens = lambda n: torch.randint(0, cfg.n_vocab, (n,), generator=vocab).tolist()  # noqa: E731
+    results = []
+
+    def record(name: str, T: int, ms: float, nbytes: float, **extra):
+        floor_ms = nbytes / bw * 1e3
+        results.append(dict(name=name, T=T, ms=ms, bytes=nbytes, floor_ms=floor_ms, fraction=floor_ms / ms, **extra))
+        log(f"{name:22s} T={T:<4d} {ms:9.3f} ms  reads {nbytes / 1e9:7.3f} GB  floor {floor_ms:7.3f} ms  "
+            f"{100 * floor_ms / ms:5.1f} % of floor" + "".join(f"  {k} {v:.1f}" for k, v in extra.items()))
+
+    def step(T: int, n: int = 1):
+        def fn():
+            _, _, rows = steps.run(tokens(T))
+            steps.commit(rows, n)
+        return fn
+
+    with torch.no_grad():
+        t0 = time.time()
+        step(1)()                                              # capture the decode graphs
+        log(f"decode graph captured in {time.time() - t0:.1f} s")
+        pos = cache.pos
+        ms = timed(step(1), args.repeats)
+        record("decode (short ctx)", 1, ms, step_bytes(w, cfg, 1, pos), tokens_per_s=1e3 / ms)
+
+        cache.reset()
+        chunk = args.chunk
+        prompt = tokens(args.prefill)
+        for i in range(0, len(prompt), chunk):                # warm-up pass (captures / compiles), not timed
+            part = prompt[i:i + chunk]
+            _, _, rows = steps.run(part, last_only=True)
+            steps.commit(rows, len(part))
+        cache.reset()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(0, len(prompt), chunk):
+            part = prompt[i:i + chunk]
+            _, _, rows = steps.run(part, last_only=True)
+            steps.commit(rows, len(part))
+        b.record()
+        b.synchronize()
+        ms = a.elapsed_time(b)
+        nbytes = sum(step_bytes(w, cfg, min(chunk, args.prefill - i), i) for i in range(0, args.prefill, chunk))
+        record(f"prefill (chunk {chunk})", args.prefill, ms, nbytes, tokens_per_s=args.prefill / ms * 1e3)
+
+        for T in (1, 2, 3, 4):
+            t0 = time.time()
+            step(T)()                                          # capture (and compile)
+            log(f"T={T} graph captured in {time.time() - t0:.1f} s")
+            pos = cache.pos
+            ms = timed(step(T), args.repeats)
+            record(f"{'decode' if T == 1 else 'verify'} (ctx {pos})", T, ms, step_bytes(w, cfg, T, pos),
+                   **({"tokens_per_s": 1e3 / ms} if T == 1 else {}))
+        if args.kernels:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    step(1)()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    t1 = next(r for r in results if r["T"] == 1 and "ctx" in r["name"] and "short" not in r["name"])
+    for r in results:
+        if r["name"].startswith("verify"):
+            r["vs_decode"] = r["ms"] / t1["ms"]
+            log(f"verify T={r['T']}: {r['vs_decode']:.2f}x the decode step")
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30
+    log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
+        + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
+    info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
+                date=time.strftime("%Y-%m-%d", time.gmtime()), copy_bandwidth=bw, model_gib=weights_gib,
+                gguf_gib=gguf_gib, peak_gib=peak, types={k: type_name(v) for k, v in Q2_MIX.items()})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(info=info, results=results), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The CUDA backend (runtime/backends/cuda.py): GGUF blocks resident on the GPU, Triton kernels, CUDA graphs.
+
+Checked against the PyTorch reference on the CPU (Engine.open, float32, every weight dequantized):
+  - Q8_0 dequantization in torch is bit-exact against gguf-py (runs everywhere);
+  - Q8Linear against Linear on fresh random blocks, every row-count path and grouped rows;
+  - greedy tokens of the tiny model and of the bundled demo model identical on both paths, graphs on and off;
+  - speculative decoding on the GPU path gives exactly its greedy tokens (demo model, real MTP head, drafts
+    1..4, several prompts), commits every accepted-length graph, and leaves the caches of sequential decoding;
+  - rewind resets the caches in place, so the captured graphs stay valid.
+GPU tests skip without CUDA; with DS4_TRITON_INTERPRET=1 the eager kernel path runs on the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from triton_env import DEVICE, GPU, HAVE_TRITON, INTERP  # noqa: I001 - first: it may set TRITON_INTERPRET
+from ds4trt.runtime.session import Engine
+from tiny_engines import PROMPT, greedy, tiny_files
+
+if HAVE_TRITON:
+    from ds4trt.runtime.backends import cuda
+
+torch.set_num_threads(1)
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+kernels = pytest.mark.skipif(not (GPU or INTERP), reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200) "
+                                                         "or DS4_TRITON_INTERPRET=1")
+gpu_only = pytest.mark.skipif(not GPU, reason="CUDA graphs: needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+DEMO_PROMPTS = ["import os\nimport sys\n\n\nclass ", "def main(argv=None):\n    ", "    for i in range(",
+                "# Copyright 2001 Python Software Foundation\n"]
+
+
+def _q8_blocks(rng, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh random Q8_0 rows (uint8 [N, K/32*34]) and their gguf-py dequantization [N, K]."""
+    w = (rng.standard_normal((N, K)) * rng.uniform(0.1, 3, (N, 1))).astype(np.float32)
+    blocks = gguf_quants.quantize(w, GGMLQuantizationType.Q8_0)
+    return blocks, gguf_quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float32)
+
+
+@needs_triton
+def test_dequantize_q8_is_exact():
+    blocks, ref = _q8_blocks(np.random.default_rng(1), 48, 96)
+    got = cuda.dequantize_q8(torch.from_numpy(blocks), 96)
+    assert torch.equal(got, torch.from_numpy(ref))
+
+
+@kernels
+@pytest.mark.parametrize("T", [1, 3, 7, 20])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_q8_linear_matches_linear(T, groups):
+    from ds4trt.model.linear import Linear
+
+    rng = np.random.default_rng(100 * T + groups)
+    N, K = 128, 96
+    blocks, w = _q8_blocks(rng, N, K)
+    x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32))
+    ref = Linear(torch.from_numpy(w), groups).double()(x.double())
+    got = cuda.Q8Linear(torch.from_numpy(blocks).to(DEVICE), N, K, groups)(x.to(DEVICE)).double().cpu()
+    assert got.shape == (T, N)
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert rel <= 1e-5, f"relative error {rel:.2e}"
+
+
+def _greedy_text(engine, text: str, n: int) -> list[int]:
+    s = engine.session(512)
+    s.prefill(engine.tokenizer.encode(text))
+    out = [s.argmax()]
+    while len(out) < n:
+        s.eval(out[-1])
+        out.append(s.argmax())
+    return out
+
+
+@kernels
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+def test_tiny_greedy_eager_kernels_match_cpu(numerics):
+    target, mtp = tiny_files()
+    got = greedy(cuda.open_engine(target, mtp, numerics=numerics, device=DEVICE, graphs=False))
+    assert got == greedy(Engine.open(target, mtp, numerics=numerics))
+
+
+@gpu_only
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+def test_tiny_greedy_graphs_match_cpu(numerics):
+    target, mtp = tiny_files()
+    engine = cuda.open_engine(target, mtp, numerics=numerics)
+    assert greedy(engine) == greedy(Engine.open(target, mtp, numerics=numerics))
+
+
+@gpu_only
+def test_tiny_greedy_compiled_graphs_match_cpu():
+    """numerics float: Inductor's fused glue agrees with the reference to float32 rounding, not bit for bit"""
+    target, mtp = tiny_files()
+    engine = cuda.open_engine(target, mtp, numerics="float", compile=True)
+    assert greedy(engine) == greedy(Engine.open(target, mtp, numerics="float"))
+
+
+@pytest.fixture(scope="module")
+def demos():
+    return {n: cuda.open_engine(MODELS / "demo.gguf", MODELS / "demo-mtp.gguf", numerics=n) for n in ("ds4", "float")}
+
+
+@pytest.fixture(scope="module")
+def demo(demos):
+    return demos["ds4"]
+
+
+@gpu_only
+def test_demo_greedy_matches_cpu(demo):
+    cpu = Engine.open(MODELS / "demo.gguf")
+    for text in DEMO_PROMPTS[:2]:
+        assert _greedy_text(demo, text, 48) == _greedy_text(cpu, text, 48), text
+
+
+@gpu_only
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+@pytest.mark.parametrize("n_draft", [1, 2, 3, 4])
+def test_demo_speculative_equals_greedy(demos, numerics, n_draft):
+    """Tokens always; caches too in float numerics (in ds4 numerics the float32 differences between a batched
+    verify and T = 1 steps can move an FP8-rounded KV value by one step: the tokens still agree)."""
+    demo = demos[numerics]
+    kept = set()
+    for text in DEMO_PROMPTS:
+        ref = demo.session(512)
+        ref.prefill(demo.tokenizer.encode(text))
+        want = [ref.argmax()]
+        while len(want) < 64:
+            ref.eval(want[-1])
+            want.append(ref.argmax())
+
+        s = demo.session(512)
+        s.prefill(demo.tokenizer.encode(text))
+        got = [s.argmax()]
+        while len(got) < 64:          # got: the committed tokens after the prompt, then the next one
+            step = s.eval_speculative_argmax(got[-1], max_tokens=64 - len(got), eos=None, n_draft=n_draft,
+                                             margin=0.0)
+            kept.add(len(step))
+            got.extend(step[1:] + [s.argmax()])
+        assert got == want, text
+        # the session committed exactly the greedy tokens: its caches are those of sequential decoding
+        assert s.pos == ref.pos
+        ref_cache, cache = ref.cache.live_tensors(), s.cache.live_tensors()
+        for k in ref_cache if numerics == "float" else ():
+            torch.testing.assert_close(cache[k], ref_cache[k], rtol=1e-4, atol=1e-4, msg=k)
+    assert max(kept) > 1, f"no draft was ever accepted (kept lengths {sorted(kept)})"
+    assert len(kept) >= min(3, n_draft + 1), f"accepted lengths seen: {sorted(kept)}"
+
+
+@gpu_only
+def test_rewind_resets_in_place(demo):
+    s = demo.session(512)
+    ids = demo.tokenizer.encode(DEMO_PROMPTS[0])
+    s.prefill(ids)
+    first = [s.argmax()]
+    for _ in range(8):
+        s.eval(first[-1])
+        first.append(s.argmax())
+    ptrs = {k: v.data_ptr() for k, v in s.cache.tensors().items()}
+    graphs = len(s.target.graphs)
+    s.rewind(len(ids))
+    again = [s.argmax()]
+    for _ in range(8):
+        s.eval(again[-1])
+        again.append(s.argmax())
+    assert again == first
+    assert {k: v.data_ptr() for k, v in s.cache.tensors().items()} == ptrs
+    assert len(s.target.graphs) == graphs
+
+
+@kernels
+def test_tiny_long_prefill_eager_kernels_match_cpu():
+    """A 44-token prompt in one prefill chunk: the experts run in slices of 16 tokens and the Q8_0 projections
+    through the dequantized path (more than 16 rows)."""
+    target, mtp = tiny_files()
+    prompt = PROMPT * 2
+
+    def run(engine):
+        s = engine.session(128)
+        s.prefill(prompt)
+        out = [s.argmax()]
+        for _ in range(5):
+            s.eval(out[-1])
+            out.append(s.argmax())
+        return out
+    assert run(cuda.open_engine(target, mtp, numerics="float", device=DEVICE, graphs=False)) == \
+        run(Engine.open(target, mtp, numerics="float"))
+
+
+@gpu_only
+def test_cli_device_cuda_prints_the_cpu_text(capsys):
+    """ds4-run on the bundled demo model: --device cuda (with MTP) streams the same text as --device cpu."""
+    from ds4trt import cli
+
+    args = ["--raw", "-p", DEMO_PROMPTS[0], "-n", "40", "--glm-mtp", "--mtp-draft", "3", "--mtp-margin", "0"]
+    texts = []
+    for device in ("cpu", "cuda"):
+        try:
+            cli.run_main(args + ["--device", device])
+        except SystemExit as e:
+            assert e.code in (0, None), capsys.readouterr().err
+        texts.append(capsys.readouterr().out)
+    assert texts[0] and texts[1] == texts[0]
