@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
-from gguf import GGMLQuantizationType, GGUFValue, GGUFValueType, GGUFWriter
+from gguf import GGUFValue, GGUFValueType
 
 from ds4trt.export.trt_ops import check_tensorrt_ops
 from ds4trt.gguf_io import names as N
-from ds4trt.gguf_io.dequant import tensor_nbytes
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.layout import mtp_layout, target_layout
+from ds4trt.testing.flash_sparse import write_sparse_gguf
 from ds4trt.testing.tiny_gguf import build_tokenizer, model_metadata, tokenizer_metadata
 
 PEAK_RSS_BOUND = int(1.5 * 2**30)
@@ -39,25 +37,12 @@ CFG = dataclasses.replace(ModelConfig.flash(), n_layer=4, compress_ratios=(0, 0,
 
 
 def _write_sparse(path: Path, specs, metadata: dict[str, GGUFValue], experts: tuple[int, int, int]) -> Path:
-    """A GGUF with the full tensor directory of `specs` and a data region that is a hole (reads as zeros)."""
-    w = GGUFWriter(str(path), N.ARCH)
-    w.kv_data[0].clear()
-    for key, val in metadata.items():
-        w.add_key_value(key, val.value, val.type, val.sub_type)
-    size = 0
-    for spec in specs:
-        t = spec.types[0]
-        for part, et in zip(("ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."), experts):
-            t = et if part in spec.name else t
-        nbytes = tensor_nbytes(t, spec.ggml_shape)
-        w.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(t))
-        size += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    os.truncate(path, GGUFWriter.ggml_pad(path.stat().st_size, w.data_alignment) + size)
-    return path
+    """A GGUF with the full tensor directory of `specs`, exactly `metadata`, and a data region that is a hole."""
+    def add(w):
+        w.kv_data[0].clear()
+        for key, val in metadata.items():
+            w.add_key_value(key, val.value, val.type, val.sub_type)
+    return write_sparse_gguf(path, specs, experts, add)
 
 
 BUILD = """

@@ -34,6 +34,7 @@ from gguf import quants as gguf_quants
 from triton_env import DEVICE, GPU, HAVE_TRITON, INTERP  # noqa: I001 - first: it may set TRITON_INTERPRET
 from ds4trt.plugins import moe as moe_op
 from ds4trt.testing.tiny_gguf import random_quant
+from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
     from ds4trt.plugins.kernels import hc_triton, moe_triton, q8_triton
@@ -118,14 +119,7 @@ def test_dequant_rows_bit_exact(ggml_type):
 # ds4::MoE
 
 def _small_case(types, seed, T, E=8, F=256, D=512, k=3):
-    rng = np.random.default_rng(seed)
-    gate = random_quant(rng, types[0], (E, F, D), 1 / D ** 0.5)
-    up = random_quant(rng, types[1], (E, F, D), 1 / D ** 0.5)
-    down = random_quant(rng, types[2], (E, D, F), 1 / F ** 0.5)
-    v = rng.standard_normal((T, D)).astype(np.float32) * 3
-    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64)
-    w = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
-    return v, ids, w, (gate, up, down)
+    return random_moe_inputs(types, T, seed, E, F, D, k)
 
 
 @pytest.mark.parametrize("T", T_GPU if GPU else T_INTERP)

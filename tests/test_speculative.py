@@ -158,13 +158,7 @@ class Model:
         key = tuple(prompt)
         have = self._greedy.get(key, [])
         if len(have) < n:
-            s = self.engine.session(CTX)
-            s.prefill(list(prompt))
-            have = [s.argmax()]
-            while len(have) < n:
-                s.eval(have[-1])
-                have.append(s.argmax())
-            self._greedy[key] = have
+            have = self._greedy[key] = _greedy_ctx(self, prompt, n, CTX)
         return have[:n]
 
     def seqref(self, prompt: list[int], n: int) -> SeqRef:

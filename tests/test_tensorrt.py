@@ -47,7 +47,7 @@ from ds4trt.runtime import session as S
 from ds4trt.runtime.backends import tensorrt as RT
 from ds4trt.runtime.buffers import ALIGN, ITEMSIZE, cuda_call, plan_buffers
 from ds4trt.runtime.cache import CacheState
-from ds4trt.testing.tiny_gguf import random_quant
+from moe_cases import random_moe_inputs
 from tiny_engines import CTX, N_NEW, PROMPT, tiny_engine, tiny_files
 from tiny_engines import greedy as _greedy
 
@@ -440,13 +440,7 @@ MIXES = {"iq2_iq2_q2k": (N.IQ2_XXS, N.IQ2_XXS, N.Q2_K), "q4k": (N.Q4_K, N.Q4_K, 
 
 
 def _moe_case(types3, T, seed=0, E=6, F=256, D=512, k=2):
-    rng = np.random.default_rng(seed)
-    gate = random_quant(rng, types3[0], (E, F, D), 1 / D ** 0.5)
-    up = random_quant(rng, types3[1], (E, F, D), 1 / D ** 0.5)
-    down = random_quant(rng, types3[2], (E, D, F), 1 / F ** 0.5)
-    v = rng.standard_normal((T, D)).astype(np.float32) * 3
-    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64)
-    w = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
+    v, ids, w, (gate, up, down) = random_moe_inputs(types3, T, seed, E, F, D, k)
     attrs = P.MoEAttrs(*types3, E, F, D, 10.0)
     return (v, ids, w, gate, up, down), attrs
 

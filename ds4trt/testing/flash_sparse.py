@@ -87,19 +87,21 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig) -> None:
 
 def write_sparse_flash_gguf(path, experts: str = "q2", cfg: ModelConfig | None = None) -> Path:
     """Write the Flash-shaped GGUF at `path` (data region sparse); return the path."""
-    path, cfg = Path(path), cfg or ModelConfig.flash()
-    gate_t, up_t, down_t = EXPERT_MIXES[experts]
+    cfg = cfg or ModelConfig.flash()
+    return write_sparse_gguf(path, target_layout(cfg), EXPERT_MIXES[experts], lambda w: _add_metadata(w, cfg))
+
+
+def write_sparse_gguf(path, specs, experts: tuple[int, int, int], add_metadata) -> Path:
+    """A GGUF with the tensor directory of `specs` (the first allowed type of each; routed experts: `experts`,
+    the (gate, up, down) ggml types) whose data region is a hole. add_metadata(writer) writes the key-values."""
+    path = Path(path)
     w = GGUFWriter(path, N.ARCH)
-    _add_metadata(w, cfg)
+    add_metadata(w)
     data_size = 0
-    for spec in target_layout(cfg):
+    for spec in specs:
         t = spec.types[0]
-        if spec.name.endswith("ffn_gate_exps.weight"):
-            t = gate_t
-        elif spec.name.endswith("ffn_up_exps.weight"):
-            t = up_t
-        elif spec.name.endswith("ffn_down_exps.weight"):
-            t = down_t
+        for part, et in zip(("ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."), experts):
+            t = et if part in spec.name else t
         nbytes = tensor_nbytes(t, spec.ggml_shape)
         w.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(t))
         data_size += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
