@@ -103,7 +103,7 @@ class _Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         if self.temp <= 0:
             return int(torch.argmax(logits))
-        z = logits.double() / self.temp
+        z = logits.double().cpu() / self.temp       # on the CPU: the same seed samples the same on every device
         if self.top_k > 0:
             kth = torch.topk(z, min(self.top_k, z.numel())).values[-1]
             z = z.masked_fill(z < kth, float("-inf"))

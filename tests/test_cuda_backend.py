@@ -195,16 +195,37 @@ def test_tiny_long_prefill_eager_kernels_match_cpu():
 
 
 @gpu_only
-def test_cli_device_cuda_prints_the_cpu_text(capsys):
-    """ds4-run on the bundled demo model: --device cuda (with MTP) streams the same text as --device cpu."""
+@pytest.mark.parametrize("mode", [["--glm-mtp", "--mtp-draft", "3", "--mtp-margin", "0"],
+                                  ["--temp", "0.8", "--top-k", "40", "--seed", "3"]], ids=["mtp", "sampled"])
+def test_cli_device_cuda_prints_the_cpu_text(mode, capsys):
+    """ds4-run on the bundled demo model: --device cuda streams the same text as --device cpu (MTP greedy, and
+    sampling with a seed: the sampler draws on the CPU whatever the device)."""
     from ds4trt import cli
 
-    args = ["--raw", "-p", DEMO_PROMPTS[0], "-n", "40", "--glm-mtp", "--mtp-draft", "3", "--mtp-margin", "0"]
     texts = []
     for device in ("cpu", "cuda"):
         try:
-            cli.run_main(args + ["--device", device])
+            cli.run_main(["--raw", "-p", DEMO_PROMPTS[0], "-n", "40", "--device", device] + mode)
         except SystemExit as e:
             assert e.code in (0, None), capsys.readouterr().err
         texts.append(capsys.readouterr().out)
     assert texts[0] and texts[1] == texts[0]
+
+
+@kernels
+@pytest.mark.parametrize("n_draft", [1, 3])
+def test_tiny_speculative_matches_cpu_greedy(n_draft):
+    """Speculative decoding on the kernel path (CUDA graphs on a GPU) against plain greedy on the CPU reference;
+    margin 0, so every cycle drafts and verifies n_draft tokens."""
+    target, mtp = tiny_files()
+    engine = cuda.open_engine(target, mtp, numerics="float", device=DEVICE, graphs=GPU)
+    want = greedy(Engine.open(target, mtp, numerics="float"))
+    s = engine.session(64)
+    s.prefill(PROMPT, chunk=9)
+    got = [s.argmax()]
+    while len(got) < len(want):
+        step = s.eval_speculative_argmax(got[-1], max_tokens=len(want) - len(got), eos=None, n_draft=n_draft,
+                                         margin=0.0)
+        got.extend(step[1:] + [s.argmax()])
+    assert got == want
+    assert s.stats.drafted and s.stats.drafted[0] > 0          # the drafter ran and its drafts were verified

@@ -108,7 +108,7 @@ class Transformer(nn.Module):
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
         """tokens: [T] int64 at positions start..start+T-1; caches: read only."""
-        X = self.embed[tokens][:, None, :].expand(-1, self.cfg.n_hc, -1)   # same embedding in every stream
+        X = self.embed[tokens][:, None, :].repeat(1, self.cfg.n_hc, 1)     # same embedding in every stream
         rows = []
         for block, cache in zip(self.blocks, caches):
             X, r = block(X, tokens, start, cache)
