@@ -52,6 +52,31 @@ def test_dequantize_q8_is_exact():
     assert torch.equal(got, torch.from_numpy(ref))
 
 
+@needs_triton
+def test_resident_bytes_is_what_the_model_holds():
+    """The memory estimate open_engine checks against the device equals the model's parameters and buffers
+    (on the CPU: the same modules), up to the small derived buffers (Hadamard matrices)."""
+    from ds4trt.model.weights import load_mtp, load_target
+
+    target, mtp = tiny_files()
+    engine = cuda.open_engine(target, mtp, device="cpu", graphs=False)
+    held = sum(t.numel() * t.element_size() for m in (engine.model, engine.mtp)
+               for t in [*m.parameters(), *m.buffers()])
+    _, cfg, w = load_target(target)
+    want = cuda.resident_bytes(w) + cuda.resident_bytes(load_mtp(mtp, cfg)[1])
+    assert want <= held <= want * 1.02
+
+
+@needs_triton
+def test_weights_larger_than_the_free_device_memory_are_refused(monkeypatch):
+    from ds4trt.errors import Ds4Error
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**20, 2**30))
+    target, _ = tiny_files()
+    with pytest.raises(Ds4Error, match=r"tiny.gguf: the CUDA backend needs .* GiB .* has 0.0 GiB free"):
+        cuda.open_engine(target, device="cuda")
+
+
 @kernels
 @pytest.mark.parametrize("T", [1, 3, 7, 20])
 @pytest.mark.parametrize("groups", [1, 2])

@@ -21,11 +21,14 @@ layers on the H200); eager steps ignore it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from ds4trt.errors import Ds4Error
+from ds4trt.gguf_io import names as N
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
@@ -213,16 +216,36 @@ def compile_blocks(*models: nn.Module) -> None:
             b.compile(fullgraph=True, dynamic=False)
 
 
+def resident_bytes(weights) -> int:
+    """Device bytes of a GGUF's weights in this backend: quantized tensors as their blocks, F16/F32 as float32,
+    I32 (the hash-routing table) as int64."""
+    total = 0
+    for name in weights.specs:
+        if weights.has(name):
+            t, n = weights.type_of(name), math.prod(weights.shape_of(name))
+            total += 4 * n if t in (N.F16, N.F32) else 8 * n if t == N.I32 else weights.file.tensors[name].nbytes
+    return total
+
+
+def _check_memory(device, need: int, what: str) -> None:
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    if need > free:
+        raise Ds4Error(f"{what}: the CUDA backend needs {need / 2**30:.1f} GiB of device memory for the weights, "
+                       f"{device} has {free / 2**30:.1f} GiB free")
+
+
 def open_engine(gguf_path: str | Path, mtp_path: str | Path | None = None, numerics: str = "ds4",
                 device: str = "cuda", graphs: bool = True, compile: bool = False) -> Engine:
-    """An Engine whose weights stay in their GGUF formats on `device`; graphs=False runs every step eagerly."""
+    """An Engine whose weights stay in their GGUF formats on `device`; graphs=False runs every step eagerly.
+    Refuses in one line when the weights do not fit in the device's free memory."""
     gguf_file, cfg, weights = load_target(gguf_path)
+    mtp_weights = load_mtp(mtp_path, cfg)[1] if mtp_path is not None else None
+    if torch.device(device).type == "cuda":
+        _check_memory(device, resident_bytes(weights) + (resident_bytes(mtp_weights) if mtp_weights else 0),
+                      str(gguf_path) + (f" + {mtp_path}" if mtp_path is not None else ""))
     kernels = dict(experts=CudaExperts.from_weights, linear=Q8Linear.from_weights)
     model = to_device(Transformer(cfg, weights, numerics, **kernels), device)
-    mtp = None
-    if mtp_path is not None:
-        _, mtp_weights = load_mtp(mtp_path, cfg)
-        mtp = to_device(MTPHead(model, mtp_weights, **kernels), device)
+    mtp = to_device(MTPHead(model, mtp_weights, **kernels), device) if mtp_weights is not None else None
     if compile:
         compile_blocks(model, *([mtp] if mtp is not None else []))
     return Engine(model, Tokenizer.from_gguf(gguf_file), mtp, str(gguf_path), torch.float32, device,
