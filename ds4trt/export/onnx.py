@@ -54,6 +54,7 @@ from ds4trt.model.config import ModelConfig
 from ds4trt.model.mtp import MTPHead
 from ds4trt.export.manifest import IOSpec
 from ds4trt.model.state import LayerCache
+from ds4trt.model.state import cache_shapes as state_cache_shapes
 from ds4trt.model.transformer import Transformer
 from ds4trt.plugins import moe
 
@@ -70,19 +71,8 @@ ONNX_DTYPES = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "uint8"
 # Graph inputs and outputs
 
 def cache_shapes(cfg: ModelConfig, ctx: int, mtp: bool = False) -> list[dict[str, tuple[int, int]]]:
-    """Per layer, the shapes of its LayerCache tensors for `ctx` positions, in LayerCache field order: what
-    runtime/cache.py CacheState allocates (tests hold the two equal). The MTP head is one ratio-0 layer."""
-    d, di = cfg.head_dim, cfg.index_head_dim
-    out = []
-    for r in [0] if mtp else cfg.compress_ratios:
-        s = {"raw": (max(1, cfg.window - 1), d)}
-        if r:
-            coff = 2 if r == 4 else 1
-            s |= {"comp": (ctx // r + 1, d), "comp_kv": (coff * r, coff * d), "comp_score": (coff * r, coff * d)}
-        if r == 4:
-            s |= {"index": (ctx // 4 + 1, di), "index_kv": (8, 2 * di), "index_score": (8, 2 * di)}
-        out.append(s)
-    return out
+    """model/state.py cache_shapes of the target's layers, or of the MTP head (one ratio-0 layer)."""
+    return state_cache_shapes(cfg, ctx, [0] if mtp else cfg.compress_ratios)
 
 
 def step_io(cfg: ModelConfig, ctx: int, mtp: bool = False) -> tuple[list[IOSpec], list[IOSpec]]:

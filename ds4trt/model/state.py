@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ds4trt.model.config import ModelConfig
+
 NEG = -1e30  # "minus infinity" for compressor scores: exp(NEG - m) == 0, and never NaN
 
 
@@ -45,3 +47,19 @@ class LayerRows:
     index: torch.Tensor | None = None        # [T, di]
     index_kv: torch.Tensor | None = None     # [T, 2*di]
     index_score: torch.Tensor | None = None  # [T, 2*di]
+
+
+def cache_shapes(cfg: ModelConfig, ctx: int, ratios) -> list[dict[str, tuple[int, int]]]:
+    """Per layer of the given compress ratios, the shapes of its LayerCache tensors for `ctx` positions, in
+    LayerCache field order (comp and index have one spare last row: CacheState.write)."""
+    d, di = cfg.head_dim, cfg.index_head_dim
+    out = []
+    for r in ratios:
+        s = {"raw": (max(1, cfg.window - 1), d)}
+        if r:
+            coff = 2 if r == 4 else 1
+            s |= {"comp": (ctx // r + 1, d), "comp_kv": (coff * r, coff * d), "comp_score": (coff * r, coff * d)}
+        if r == 4:
+            s |= {"index": (ctx // 4 + 1, di), "index_kv": (8, 2 * di), "index_score": (8, 2 * di)}
+        out.append(s)
+    return out

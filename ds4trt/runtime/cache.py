@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.state import NEG, LayerCache, LayerRows
+from ds4trt.model.state import NEG, LayerCache, LayerRows, cache_shapes
 
 
 class CacheState:
@@ -22,22 +22,9 @@ class CacheState:
         ratios = list(cfg.compress_ratios if ratios is None else ratios)[: n_layers or cfg.n_layer]
         self.ratios = ratios
         self.pos = 0                     # committed tokens
-        d, di = cfg.head_dim, cfg.index_head_dim
-        raw_cap = max(1, cfg.window - 1)
-        z = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)  # noqa: E731
-        self.layers: list[LayerCache] = []
-        for r in ratios:
-            c = LayerCache(raw=z(raw_cap, d))
-            if r:
-                coff = 2 if r == 4 else 1
-                c.comp = z(ctx // r + 1, d)
-                c.comp_kv = z(coff * r, coff * d)
-                c.comp_score = torch.full((coff * r, coff * d), NEG, device=device, dtype=dtype)
-            if r == 4:
-                c.index = z(ctx // 4 + 1, di)
-                c.index_kv = z(8, 2 * di)
-                c.index_score = torch.full((8, 2 * di), NEG, device=device, dtype=dtype)
-            self.layers.append(c)
+        self.layers = [LayerCache(**{name: torch.full(shape, NEG if name.endswith("_score") else 0.0, device=device,
+                                                      dtype=dtype) for name, shape in layer.items()})
+                       for layer in cache_shapes(cfg, ctx, ratios)]
 
     def start(self) -> torch.Tensor:
         return torch.tensor(self.pos, dtype=torch.int64, device=self.layers[0].raw.device)
