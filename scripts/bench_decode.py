@@ -35,15 +35,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_kernels import copy_bandwidth, random_blocks  # noqa: E402
 
 from ds4trt.gguf_io import names as N  # noqa: E402
-from ds4trt.gguf_io.dequant import type_name  # noqa: E402
+from ds4trt.gguf_io.dequant import tensor_nbytes, type_name  # noqa: E402
 from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.layout import target_layout  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
-from ds4trt.plugins.moe import row_bytes  # noqa: E402
 from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, Q8Linear, compile_blocks, to_device  # noqa: E402
 from ds4trt.runtime.cache import CacheState  # noqa: E402
+from ds4trt.testing.flash_sparse import EXPERT_MIXES, spec_type  # noqa: E402
 
-Q2_MIX = {"ffn_gate_exps": N.IQ2_XXS, "ffn_up_exps": N.IQ2_XXS, "ffn_down_exps": N.Q2_K}
+Q2_MIX = EXPERT_MIXES["q2"]              # (gate, up, down): IQ2_XXS, IQ2_XXS, Q2_K
 START = time.time()
 
 
@@ -64,21 +64,13 @@ class SyntheticWeights:
         return name in self.specs
 
     def type_of(self, name) -> int:
-        types = self.specs[name].types
-        for key, t in Q2_MIX.items():
-            if key in name:
-                return t
-        return N.F16 if N.F16 in types else types[0]
+        return spec_type(self.specs[name], Q2_MIX)
 
     def shape_of(self, name):
         return self.specs[name].shape
 
     def nbytes(self, name) -> int:
-        shape, t = self.shape_of(name), self.type_of(name)
-        rows = 1
-        for s in shape[:-1]:
-            rows *= s
-        return rows * row_bytes(t, shape[-1])
+        return tensor_nbytes(self.type_of(name), self.specs[name].ggml_shape)
 
     def get(self, name) -> torch.Tensor:
         shape, t = self.shape_of(name), self.type_of(name)
@@ -235,7 +227,7 @@ def main() -> int:
         + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
                 date=time.strftime("%Y-%m-%d", time.gmtime()), copy_bandwidth=bw, model_gib=weights_gib,
-                gguf_gib=gguf_gib, peak_gib=peak, types={k: type_name(v) for k, v in Q2_MIX.items()})
+                gguf_gib=gguf_gib, peak_gib=peak, types=dict(zip(("gate", "up", "down"), map(type_name, Q2_MIX))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(info=info, results=results), f, indent=1)

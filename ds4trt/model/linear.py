@@ -22,8 +22,13 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., G*K] -> [..., N]"""
-        if self.groups == 1:
-            return x @ self.weight.T
-        G, (N, K) = self.groups, self.weight.shape
-        y = torch.einsum("tgi,goi->tgo", x.reshape(-1, G, K), self.weight.reshape(G, N // G, K))
-        return y.reshape(*x.shape[:-1], N)
+        return project(x, self.weight, self.groups)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """x: [..., G*K], weight: [N, K] -> [..., N] (the contract in the module docstring)."""
+    if groups == 1:
+        return x @ weight.T
+    G, (N, K) = groups, weight.shape
+    y = torch.einsum("tgi,goi->tgo", x.reshape(-1, G, K), weight.reshape(G, N // G, K))
+    return y.reshape(*x.shape[:-1], N)

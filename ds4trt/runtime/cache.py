@@ -21,10 +21,9 @@ class CacheState:
         self.cfg, self.ctx = cfg, ctx
         ratios = list(cfg.compress_ratios if ratios is None else ratios)[: n_layers or cfg.n_layer]
         self.ratios = ratios
-        self.pos = 0                     # committed tokens
-        self.layers = [LayerCache(**{name: torch.full(shape, NEG if name.endswith("_score") else 0.0, device=device,
-                                                      dtype=dtype) for name, shape in layer.items()})
-                       for layer in cache_shapes(cfg, ctx, ratios)]
+        self.layers = [LayerCache(**{name: torch.empty(shape, device=device, dtype=dtype)
+                                     for name, shape in layer.items()}) for layer in cache_shapes(cfg, ctx, ratios)]
+        self.reset()
 
     def start(self) -> torch.Tensor:
         return torch.tensor(self.pos, dtype=torch.int64, device=self.layers[0].raw.device)
@@ -68,11 +67,12 @@ class CacheState:
         return torch.where((pos + 1) % ratio == 0, torch.div(pos + 1, ratio, rounding_mode="floor") - 1, cap - 1)
 
     def reset(self) -> None:
-        """Back to no tokens, in place (the buffers keep their addresses: captured CUDA graphs stay valid)."""
+        """Back to no tokens (empty compressor slots score NEG), in place: the buffers keep their addresses, so
+        captured CUDA graphs stay valid."""
         for c in self.layers:
             for name, t in c.tensors().items():
                 t.fill_(NEG if name.endswith("_score") else 0.0)
-        self.pos = 0
+        self.pos = 0                     # committed tokens
 
     def copy_from(self, other: "CacheState") -> None:
         """Become a copy of `other` (same shapes), in place."""

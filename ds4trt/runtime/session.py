@@ -106,8 +106,8 @@ class Session:
             with PHASES.phase("prefill"):
                 logits, hc, rows = self.target_step(part, all_logits=False, graph=False)
                 self.commit(part, hc, rows, logits[-1], len(part))
-                if self.drafter is not None:
-                    self.drafter.catch_up(self.tokens, graph=False)   # feed the drafter every pair whose next token is known
+                if self.drafter is not None:      # feed the drafter every pair whose next token is known
+                    self.drafter.catch_up(self.tokens, graph=False)
         return self.logits
 
     def eval(self, token: int) -> torch.Tensor:

@@ -91,6 +91,14 @@ def write_sparse_flash_gguf(path, experts: str = "q2", cfg: ModelConfig | None =
     return write_sparse_gguf(path, target_layout(cfg), EXPERT_MIXES[experts], lambda w: _add_metadata(w, cfg))
 
 
+def spec_type(spec, experts: tuple[int, int, int]) -> int:
+    """The ggml type a written tensor gets: its first allowed type; routed experts: `experts` (gate, up, down)."""
+    for part, t in zip(("ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."), experts):
+        if part in spec.name:
+            return t
+    return spec.types[0]
+
+
 def write_sparse_gguf(path, specs, experts: tuple[int, int, int], add_metadata) -> Path:
     """A GGUF with the tensor directory of `specs` (the first allowed type of each; routed experts: `experts`,
     the (gate, up, down) ggml types) whose data region is a hole. add_metadata(writer) writes the key-values."""
@@ -99,9 +107,7 @@ def write_sparse_gguf(path, specs, experts: tuple[int, int, int], add_metadata) 
     add_metadata(w)
     data_size = 0
     for spec in specs:
-        t = spec.types[0]
-        for part, et in zip(("ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."), experts):
-            t = et if part in spec.name else t
+        t = spec_type(spec, experts)
         nbytes = tensor_nbytes(t, spec.ggml_shape)
         w.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(t))
         data_size += GGUFWriter.ggml_pad(nbytes, w.data_alignment)

@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
+from ds4trt.model.linear import project
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
@@ -95,15 +96,10 @@ class Q8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., G*K] float32 -> [..., N]"""
-        lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] <= KERNEL_MAX_T:
-            y = q8_matmul_op(x2, self.blocks, self.N, self.K, self.groups)
-        else:       # long prefill chunks: dequantize this weight for the one product, then drop it
-            G, n = self.groups, self.N // self.groups
-            w = dequantize_q8(self.blocks, self.K).reshape(G, n, self.K)
-            y = torch.einsum("tgi,goi->tgo", x2.reshape(-1, G, self.K), w).reshape(-1, self.N)
-        return y.reshape(*lead, self.N)
+        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: dequantize this weight for the one product
+            return project(x, dequantize_q8(self.blocks, self.K), self.groups)
+        return q8_matmul_op(x2, self.blocks, self.N, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
 def dequantize_q8(blocks: torch.Tensor, K: int) -> torch.Tensor:
@@ -132,7 +128,6 @@ def to_device(model: nn.Module, device) -> nn.Module:
     for m in model.modules():
         if isinstance(m, HyperConnection):
             m.mix = hc_mix_op
-    for m in model.modules():
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
