@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from triton_env import DEVICE, GPU, HAVE_TRITON, INTERP  # noqa: I001 - first: it may set TRITON_INTERPRET
-from ds4trt.runtime.session import Engine
+from ds4trt.runtime.session import PREFILL_CHUNK, Engine
 from tiny_engines import PROMPT, greedy, tiny_files
 
 if HAVE_TRITON:
@@ -95,13 +95,7 @@ def test_q8_linear_matches_linear(T, groups):
 
 
 def _greedy_text(engine, text: str, n: int) -> list[int]:
-    s = engine.session(512)
-    s.prefill(engine.tokenizer.encode(text))
-    out = [s.argmax()]
-    while len(out) < n:
-        s.eval(out[-1])
-        out.append(s.argmax())
-    return out
+    return greedy(engine, n, engine.tokenizer.encode(text), ctx=512, chunk=PREFILL_CHUNK)
 
 
 @kernels
@@ -205,16 +199,7 @@ def test_tiny_long_prefill_eager_kernels_match_cpu():
     """A 44-token prompt in one prefill chunk: the experts run in slices of 16 tokens and the Q8_0 projections
     through the dequantized path (more than 16 rows)."""
     target, mtp = tiny_files()
-    prompt = PROMPT * 2
-
-    def run(engine):
-        s = engine.session(128)
-        s.prefill(prompt)
-        out = [s.argmax()]
-        for _ in range(5):
-            s.eval(out[-1])
-            out.append(s.argmax())
-        return out
+    run = lambda engine: greedy(engine, 6, PROMPT * 2, ctx=128, chunk=PREFILL_CHUNK)  # noqa: E731
     assert run(cuda.open_engine(target, mtp, numerics="float", device=DEVICE, graphs=False)) == \
         run(Engine.open(target, mtp, numerics="float"))
 

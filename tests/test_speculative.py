@@ -31,9 +31,10 @@ import torch
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.weights import load_mtp
 from ds4trt.runtime.cache import CacheState
-from ds4trt.runtime.session import Engine
+from ds4trt.runtime.session import PREFILL_CHUNK, Engine
 from ds4trt.runtime.speculative import MTPDrafter
 from ds4trt.testing.tiny_gguf import tiny_config, write_model_gguf, write_mtp_gguf
+from tiny_engines import greedy
 
 torch.set_num_threads(1)
 
@@ -158,7 +159,7 @@ class Model:
         key = tuple(prompt)
         have = self._greedy.get(key, [])
         if len(have) < n:
-            have = self._greedy[key] = _greedy_ctx(self, prompt, n, CTX)
+            have = self._greedy[key] = greedy(self.engine, n, prompt, CTX, PREFILL_CHUNK)
         return have[:n]
 
     def seqref(self, prompt: list[int], n: int) -> SeqRef:
@@ -653,17 +654,7 @@ def test_ring_after_chunked_prefill(m4):
     advance_ring(ring, ref.drafter.hc, ref.tokens, len(prompt) - 1)
     assert_tensors_close(s.drafter.cache.tensors(), ring.cache.tensors(), "ring after chunked prefill")
     got, _ = run_spec(m4, None, 8, 3, 0.0, session=s)
-    assert got == _greedy_ctx(m4, prompt, 8, ctx)
-
-
-def _greedy_ctx(model: Model, prompt, n: int, ctx: int) -> list[int]:
-    s = model.engine.session(ctx)
-    s.prefill(list(prompt))
-    out = [s.argmax()]
-    while len(out) < n:
-        s.eval(out[-1])
-        out.append(s.argmax())
-    return out
+    assert got == greedy(m4.engine, 8, prompt, ctx, PREFILL_CHUNK)
 
 
 def test_context_bound_drafts(m4):

@@ -21,10 +21,10 @@ PROMPT = [3, 77, 140, 9, 250, 31, 402, 66, 5, 188, 301, 12, 97, 456, 21, 60, 333
 N_NEW = 14
 
 
-def greedy(engine, n: int = N_NEW) -> list[int]:
-    """Plain greedy decoding of n tokens after PROMPT (prefilled in chunks of 9), through any backend."""
-    s = engine.session(CTX)
-    s.prefill(PROMPT, chunk=9)
+def greedy(engine, n: int = N_NEW, prompt: list[int] = PROMPT, ctx: int = CTX, chunk: int = 9) -> list[int]:
+    """Plain greedy decoding of n tokens after `prompt` (prefilled in chunks of `chunk`), through any backend."""
+    s = engine.session(ctx)
+    s.prefill(list(prompt), chunk=chunk)
     out = [s.argmax()]
     while len(out) < n:
         s.eval(out[-1])
