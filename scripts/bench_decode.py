@@ -131,7 +131,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--kernels", action="store_true",
-                    help="at the end, profile 5 decode steps (torch.profiler) and print the kernels by GPU time")
+                    help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
+                         "kernels by GPU time")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -216,6 +217,13 @@ def main() -> int:
                 for _ in range(5):
                     step(1)()
                 torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+            cache.reset()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                _, _, rows = steps.run(prompt[:chunk], last_only=True)
+                steps.commit(rows, len(prompt[:chunk]))
+                torch.cuda.synchronize()
+            print(f"prefill, one chunk of {len(prompt[:chunk])} tokens:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
     t1 = next(r for r in results if r["T"] == 1 and "ctx" in r["name"] and "short" not in r["name"])
     for r in results:

@@ -10,9 +10,11 @@ zeros; the kernels' time does not depend on the values):
      down) and q4 mix (Q4_K x3), T = 1, 2, 3, 4, 8, 16 tokens, with
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
+  1b. the q2 MoE of a prefill chunk (T = 256, 2048; random routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1 and 4;
-  3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]) and
-     of the one-pair MoE kernels' register prefetch, while the time budget lasts.
+  3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
+     of the one-pair MoE kernels' register prefetch and of the long calls' (CAP, rows, warps, stages), while the time
+     budget lasts.
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -44,6 +46,8 @@ D, F, E, K_SLOTS, N_LAYER, N_VOCAB = 4096, 2048, 256, 6, 43, 129280
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
 TS = (1, 2, 3, 4, 8, 16)
+# (CAP, rows per program, warps, stages) of the multi-pair kernels in long (prefill) calls, swept while the budget lasts
+LONG_SWEEP = ((32, 64, 8, 2), (64, 32, 8, 1), (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 8, 1))
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -165,6 +169,32 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                         kind="sweep_moe", mix=mix, routing="shared", config=list(cfg))))
 
 
+def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> None:
+    """One layer's routed MoE for a prefill chunk (T = 256 and 2048, random routing): a long call, which lists its
+    items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched expert once."""
+    types = MIXES[mix]
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
+    rng = torch.Generator(device="cpu").manual_seed(5)
+    for T in (256, 2048):
+        ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+        v, w = torch.randn(T, D, generator=rng) * 3, torch.rand(T, K_SLOTS, generator=rng) * 0.9 + 0.1
+        nbytes = len(torch.unique(ids)) * expert_bytes(types) + 2 * T * D * 4 + T * K_SLOTS * 12
+        v, ids, w = (x.to(DEV) for x in (v, ids, w))
+
+        def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=M.LONG_CONFIG, label=""):
+            ms = do_bench(lambda: M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=cfg), warmup=3, rep=200,
+                          return_mode="median")
+            results.append(case(f"moe {mix} prefill{label}", T, nbytes, ms, bw, kind="moe_long" if not label else
+                                "sweep_moe", mix=mix, config=list(cfg),
+                                layers_tokens_per_s=T / (N_LAYER * ms * 1e-3)))
+        guarded(f"moe {mix} prefill T={T}", results, run)
+        if sweeps is not None and T == 2048:
+            for cfg in LONG_SWEEP:
+                if cfg != M.LONG_CONFIG:
+                    sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
+
+
 def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
     gen = torch.Generator(device=DEV).manual_seed(3)
     for name, N, K, G in Q8_LAYER + [LM_HEAD]:
@@ -225,6 +255,7 @@ def main() -> int:
     results: list = []
     sweeps: list | None = None if args.no_sweep else []
     bench_moe("q2", bw, l2, results, sweeps)
+    bench_moe_long("q2", bw, results, sweeps)
     bench_q8(bw, l2, results, sweeps)
     bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
@@ -280,6 +311,10 @@ def main() -> int:
               f"({100 * fl['floor_us'] / s1['step_us']:.0f} % of floor)")
         print(f"{mix} verify step (T=4, random routing): {s4['step_us'] / 1e3:.2f} ms = "
               f"{s4['step_us'] / s1['step_us']:.2f} x the T=1 step")
+    for r in results:
+        if r["kind"] == "moe_long":
+            print(f"{r['mix']} MoE of a {r['T']}-token prefill chunk: {r['time_us'] / 1e3:.2f} ms per layer -> "
+                  f"{r['layers_tokens_per_s']:.0f} tokens/s for the routed experts of 43 layers alone")
     shared = {mix: [(r["T"], r["time_us"]) for r in results if r["kind"] == "moe" and r["mix"] == mix
                     and r["routing"] == "shared"] for mix in MIXES}
     for mix in MIXES:

@@ -163,6 +163,24 @@ def test_moe_repeated_slots_and_items_over_16_pairs(T):
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
+@pytest.mark.parametrize("cap", [16, 64])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_moe_long_calls(mix, cap):
+    """T > 16 (prefill chunks): items listed on the host, up to `cap` pairs each. 40 tokens choose 3 of experts
+    0..6 (~17 pairs each: at cap 16 some experts split into 16 + 1, the 1 going to the one-pair kernel), and
+    token 0 alone chooses expert 7 (a one-pair item at either cap)."""
+    types = MIXES[mix]
+    T = 40
+    v, _, w, blocks = _small_case(types, seed=_seed(mix, cap, "long"), T=T)
+    rng = np.random.default_rng(_seed(mix, cap))
+    ids = np.stack([rng.permutation(7)[:3] for _ in range(T)]).astype(np.int64)
+    ids[0, 0] = 7
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1))
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types)) for e in range(8)}
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+
+
 def _flash_experts(types, seed, E=256, F=2048, D=4096, pool=8):
     """Flash-shaped expert tensors on the GPU: `pool` experts (0, 255 and random others) hold fresh
     random_quant blocks; every other expert holds random bytes (scales included: NaN or huge values poison
@@ -197,6 +215,20 @@ def test_moe_flash_widths(mix):
         ids_t = torch.from_numpy(ids).to(DEVICE)
         err = _rel(_run_moe(v, ids_t, w, blocks, types), _moe_ref64(v, ids_t, w, deq, CLAMP))
         assert err <= TOL, f"T = {T}: relative error {err:.3g}"
+
+
+@gpu_only
+def test_moe_flash_widths_long_call():
+    """A 300-token prefill chunk at Flash widths (q2 mix): 1800 pairs over 8 experts, items of up to 64 pairs (LONG_CONFIG)."""
+    types = MIXES["iq2_iq2_q2k"]
+    blocks, pool, deq = _flash_experts(types, seed=31)
+    rng = np.random.default_rng(31)
+    T = 300
+    ids = torch.from_numpy(np.stack([rng.permutation(pool)[:6] for _ in range(T)]).astype(np.int64)).to(DEVICE)
+    v = torch.from_numpy(rng.standard_normal((T, 4096)).astype(np.float32) * 3).to(DEVICE)
+    w = torch.from_numpy(rng.uniform(0.1, 1.0, (T, 6)).astype(np.float32)).to(DEVICE)
+    err = _rel(_run_moe(v, ids, w, blocks, types), _moe_ref64(v, ids, w, deq, CLAMP))
+    assert err <= TOL, f"relative error {err:.3g}"
 
 
 @gpu_only
@@ -329,6 +361,9 @@ def test_every_variant_compiles_for_sm90():
 
         driver.set_active(Sm90())
         from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
+        sys.path.insert(0, "scripts")
+        from bench_kernels import LONG_SWEEP
+        LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
         u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
         i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
         n = 0
@@ -348,19 +383,25 @@ def test_every_variant_compiles_for_sm90():
                 for cfg_g, cfg_d in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
                                      ((16, 4, None, not gpf), (16, 4, None, not dpf))):
                     br, w, reg, pf = cfg_g
-                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, num_warps=w, grid=(1,),
+                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
+                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=w, grid=(1,),
                        **({"maxnreg": reg} if reg else {})))
                     br, w, reg, pf = cfg_d
-                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
-                       NSB=F // 256, DT=dt, BR=br, DPF=pf, num_warps=w, grid=(1,),
+                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
+                       NSB=F // 256, DT=dt, BR=br, DPF=pf, COMPACT=False, num_warps=w, grid=(1,),
                        **({"maxnreg": reg} if reg else {})))
                 (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
-                ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                   NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=M.MULTI_BR,
-                   num_warps=M.MULTI_WARPS, grid=(1,)))
-                ok(M._moe_down_multi.warmup(f32, i64, i32, i32, u8, f32, i16, u8, D, de, NSB=F // 256, DT=dt,
-                   DBS=dbs, DNS=dns, DL=dl, BR=M.MULTI_BR, num_warps=M.MULTI_WARPS, grid=(1,)))
+                for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3),
+                                                (*M.LONG_CONFIG[:3], True, M.LONG_CONFIG[3]), (16, 32, 4, True, 1)):
+                    ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue,
+                       10.0, NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=br,
+                       CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, grid=(1,)))
+                    ok(M._moe_down_multi.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, NSB=F // 256,
+                       DT=dt, DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st,
+                       grid=(1,)))
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue,
+                   10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=True,
+                   num_warps=gw, grid=(1,)))
             bs, ns, l = M.LAYOUT[gt]
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
         for K in (1024, 4096, 8192, 320):
@@ -373,19 +414,20 @@ def test_every_variant_compiles_for_sm90():
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, pf in ((16, 4, False), (32, 4, False), (32, 8, True), (64, 8, False)):
             for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * bs,
-                   2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, num_warps=w, grid=(1,)))
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
+                   2048 * bs, 2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, COMPACT=False,
+                   num_warps=w, grid=(1,)))
         for T, configs in ((1, ((16, 4), (64, 8), (32, 4), (16, 8))), (4, ((32, 8), (16, 4), (8, 4)))):
             for br, w in configs:
                 ok(Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True,
                                      TP=T, num_warps=w, grid=(1,)))
-        for br, w in ((32, 4), (64, 4), (128, 8)):
-            (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
-            ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 2048 * 1056,
-               2048 * 1056, 10.0, NSB=16, GT=16, GBS=gbs, GNS=gns, GL=gl, UT=16, UBS=gbs, UNS=gns, UL=gl, BR=br,
-               num_warps=w, grid=(1,)))
-            ok(M._moe_down_multi.warmup(f32, i64, i32, i32, u8, f32, i16, u8, 4096, 4096 * 672, NSB=8, DT=10,
-               DBS=dbs, DNS=dns, DL=dl, BR=br, num_warps=w, grid=(1,)))
+        (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
+        for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
+            ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
+               2048 * 1056, 2048 * 1056, 10.0, NSB=16, GT=16, GBS=gbs, GNS=gns, GL=gl, UT=16, UBS=gbs, UNS=gns,
+               UL=gl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, grid=(1,)))
+            ok(M._moe_down_multi.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 4096 * 672, NSB=8, DT=10,
+               DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, grid=(1,)))
         print("compiled", n)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

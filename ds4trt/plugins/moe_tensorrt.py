@@ -50,7 +50,7 @@ NAMESPACE, NAME, PLUGIN_VERSION = moe.DOMAIN, moe.OP_TYPE, "1"
 PLUGIN_ID = f"{NAMESPACE}::{NAME}"
 # TensorRT type names of inputs 0..5 and output 0, in tensorrt.plugin.AutoTuneCombination's syntax
 PLUGIN_TYPES = ("FP32", "INT64", "FP32", "INT32", "INT32", "INT32", "FP32")
-KERNEL_MAX_T = 16            # moe_forward's documented token range per call; longer inputs go in chunks
+KERNEL_MAX_T = 16            # moe_forward's capturable token range per call (longer calls sync with the host): chunks
 _INT_ATTRS = tuple(a for a in moe.ATTRIBUTES if a != "clamp")
 
 

@@ -2,12 +2,13 @@
 
     moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp,
                 out=None, workspace=None)
-        -> out [T, D] float32; the contract of plugins/moe.py (inputs, byte layout, semantics), for T = 1..16
+        -> out [T, D] float32; the contract of plugins/moe.py (inputs, byte layout, semantics), any T >= 1
     MoEWorkspace.create(T, k, D, F, device): the call's scratch, allocated once (CUDA graph capture)
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. Four launches (six when T > 1), no host synchronization, so a CUDA graph can capture a call:
+registers. For T <= 16 (decode, verify): four launches (six when T > 1), no host synchronization, so a CUDA
+graph can capture a call:
 
   1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
@@ -17,10 +18,14 @@ registers. Four launches (six when T > 1), no host synchronization, so a CUDA gr
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
-Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values
-(the decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..16 pairs (T > 1, tokens sharing an expert), so one
-read of the expert's rows serves every token routed to it: the blocks become exact small integers in fp16
-(Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
+T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
+with up to LONG_CONFIG's 64 pairs each and listed, so each program serves one listed item (COMPACT) and an expert's
+blocks are read once per 64 of its tokens instead of once per 16-token slice.
+
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values (the
+decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
+sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
+small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
 per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
 power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|)). Each tensor-core product is then exact in the
 fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
@@ -75,6 +80,10 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # IQ2_XXS without prefetch: measured on the H200 at d411a33 (q2 MoE, T = 1: 104 us against 120 us with it).
 SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
+# Long calls (T > CAP: prefill chunks): items of up to 64 pairs, so that one read of an expert's blocks serves
+# up to 64 tokens; (CAP, rows per program, warps, pipeline stages), swept by scripts/bench_kernels.py. 64 rows
+# let Triton use sm_90's wgmma; one stage keeps the shared memory at ~100 KB (three would need ~210 KB).
+LONG_CONFIG = (64, 64, 8, 1)
 
 
 @functools.cache
@@ -346,7 +355,7 @@ def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
 
 @triton.jit
 def _split_x(xt):
-    """xt [256, 16] float32 -> (hi, lo fp16 [256,16], scale, inv float32 [16]) with
+    """xt [256, C] float32 -> (hi, lo fp16 [256, C], scale, inv float32 [C]) with
     xt[:, j] * scale[j] = hi + lo up to 2^-22 of max |xt[:, j]|; scale * inv = 1, both powers of two."""
     amax = tl.max(tl.abs(xt), axis=0)
     e = tl.minimum((amax.to(tl.int32, bitcast=True) >> 23) & 255, 252)      # biased exponent of the max
@@ -361,9 +370,9 @@ def _split_x(xt):
 @triton.jit
 def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, grid_ptr, ksigns_ptr,
                TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
-    """acc [BR,16] += dequantized block rows [BR,256] @ x [256,16] on the tensor cores (see the module notes).
+    """acc [BR, C] += dequantized block rows [BR,256] @ x [256, C] on the tensor cores (see the module notes).
     base, c: the run tile of the blocks (see _block_parts); rbase [BR]: byte offset of each row's block.
-    hi, lo: the split activations [256,16]; shi, slo: their sums over 16-value runs, split [16,16]."""
+    hi, lo: the split activations [256, C]; shi, slo: their sums over 16-value runs, split [16, C]."""
     q, s, m, _, _ = _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE, L)
     a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))          # exact integers, |a| < 2048
     r = tl.dot(a, hi) + tl.dot(a, lo)
@@ -413,12 +422,12 @@ def _moe_items(ids_ptr, order_ptr, cnt_ptr, P, ITEM_CAP: tl.constexpr, PB: tl.co
 
 
 @triton.jit
-def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
-                       n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
-                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr, UPF: tl.constexpr):
+def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
+                       ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
+                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr, UPF: tl.constexpr,
+                       COMPACT: tl.constexpr):
     """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t), float32 FMA."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
+    item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
         e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -431,12 +440,11 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up
 
 
 @triton.jit
-def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
+def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
                      D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
-                     DPF: tl.constexpr):
+                     DPF: tl.constexpr, COMPACT: tl.constexpr):
     """Items of one pair: y[pair, rows] = down_e h[pair], float32 FMA."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
+    item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
         e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -447,22 +455,30 @@ def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_p
 
 
 @triton.jit
-def _load_split(x_ptr, xoff, pm):
-    """The 256 activations of a block for each of 16 pair slots, split for the tensor cores."""
+def _load_split(x_ptr, xoff, pm, CAP: tl.constexpr):
+    """The 256 activations of a block for each of CAP pair slots, split for the tensor cores."""
     kk = tl.arange(0, 256)
-    xt = tl.load(x_ptr + xoff[None, :] + kk[:, None], mask=pm[None, :], other=0.0)        # [256, 16]
+    xt = tl.load(x_ptr + xoff[None, :] + kk[:, None], mask=pm[None, :], other=0.0)        # [256, CAP]
     hi, lo, scale, inv = _split_x(xt)
-    xs16 = tl.sum(tl.reshape(xt, (16, 16, 16)), axis=1) * scale[None, :]                  # run sums [16, 16]
+    xs16 = tl.sum(tl.reshape(xt, (16, 16, CAP)), axis=1) * scale[None, :]                 # run sums [16, CAP]
     shi = xs16.to(tl.float16)
     slo = (xs16 - shi.to(tl.float32)).to(tl.float16)
     return hi, lo, shi, slo, inv
 
 
 @triton.jit
-def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item):
-    """(slot mask [16], pairs [16], expert) of a multi-pair item."""
+def _item(starts_ptr, cnt_ptr, COMPACT: tl.constexpr):
+    """(sorted position where this program's item starts, its pair count, 0 where none starts): program i
+    serves position i, or the i-th listed item start when the items were listed (COMPACT, long calls)."""
+    item = tl.load(starts_ptr + tl.program_id(0)) if COMPACT else tl.program_id(0)
+    return item, tl.load(cnt_ptr + item)
+
+
+@triton.jit
+def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP: tl.constexpr):
+    """(slot mask [CAP], pairs [CAP], expert) of a multi-pair item."""
     cnt = tl.load(cnt_ptr + item)
-    slot = tl.arange(0, 16)
+    slot = tl.arange(0, CAP)
     pm = slot < cnt
     pairs = tl.load(order_ptr + item + slot, mask=pm, other=0)
     e = tl.load(ids_ptr + tl.load(order_ptr + item)).to(tl.int64)
@@ -470,17 +486,16 @@ def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item):
 
 
 @triton.jit
-def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr,
-                      n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, NSB: tl.constexpr,
+def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
+                      ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, NSB: tl.constexpr,
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
-                      BR: tl.constexpr):
-    """Items of 2..16 pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
+                      BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr):
+    """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
+    item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
         D = NSB * 256
-        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
+        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP)
         xoff = (pairs // n_slots).to(tl.int64) * D
         row0 = tl.program_id(1) * BR
         rows = row0 + tl.arange(0, BR)
@@ -488,10 +503,10 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_
         ubase, uc = _runs(row0, e * up_expert_bytes, NSB * UBS, BR, UNS)
         grow = e * gate_expert_bytes + rows.to(tl.int64) * (NSB * GBS)
         urow = e * up_expert_bytes + rows.to(tl.int64) * (NSB * UBS)
-        accg = tl.zeros([BR, 16], tl.float32)
-        accu = tl.zeros([BR, 16], tl.float32)
+        accg = tl.zeros([BR, CAP], tl.float32)
+        accu = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(v_ptr + sb * 256, xoff, pm)
+            hi, lo, shi, slo, inv = _load_split(v_ptr + sb * 256, xoff, pm, CAP)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
                               grid_ptr, ksigns_ptr, GT, GNS, GL, BR)
             accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
@@ -502,23 +517,22 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, gate_ptr, up_
 
 
 @triton.jit
-def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
-                    D, down_expert_bytes, NSB: tl.constexpr,
-                    DT: tl.constexpr, DBS: tl.constexpr, DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr):
-    """Items of 2..16 pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
-    item = tl.program_id(0)
-    cnt = tl.load(cnt_ptr + item)
+def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
+                    D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
+                    DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr):
+    """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
+    item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
         F = NSB * 256
-        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item)
+        pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP)
         xoff = pairs.to(tl.int64) * F
         row0 = tl.program_id(1) * BR
         rows = row0 + tl.arange(0, BR)
         base, c = _runs(row0, e * down_expert_bytes, NSB * DBS, BR, DNS)
         rbase = e * down_expert_bytes + rows.to(tl.int64) * (NSB * DBS)
-        acc = tl.zeros([BR, 16], tl.float32)
+        acc = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(h_ptr + sb * 256, xoff, pm)
+            hi, lo, shi, slo, inv = _load_split(h_ptr + sb * 256, xoff, pm, CAP)
             acc = _mma_block(acc, down_ptr, base + sb * DBS, c, rbase + sb * DBS, hi, lo, shi, slo, inv,
                              grid_ptr, ksigns_ptr, DT, DNS, DL, BR)
         tl.store(y_ptr + pairs.to(tl.int64)[None, :] * D + rows[:, None], acc, mask=pm[None, :])
@@ -577,24 +591,42 @@ class MoEWorkspace:
                    torch.empty(P, D, dtype=torch.float32, device=device))
 
 
+def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
+    """The items of a long call, built with torch and listed (the listing synchronizes with the host: long calls are
+    prefill chunks, never captured). ids: [P] pair -> expert. Returns order, cnt (as _moe_items makes them, items of up
+    to `cap` pairs) and the sorted positions where one-pair and multi-pair items start, int32."""
+    ids = ids.long()
+    P = ids.numel()
+    order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
+    e = ids[order]
+    counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
+    rank = torch.arange(P, device=ids.device) - (torch.cumsum(counts, 0) - counts)[e]   # pairs of e before it
+    cnt = torch.where(rank % cap == 0, torch.clamp(counts[e] - rank, max=cap), 0)
+    listed = lambda m: m.nonzero().flatten().to(torch.int32)                # noqa: E731
+    return order.to(torch.int32), cnt.to(torch.int32), listed(cnt == 1), listed(cnt >= 2)
+
+
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                single_config: dict | None = None,
-                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS)) -> torch.Tensor:
+                single_config: dict | None = None, multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
+                long_config: tuple[int, int, int, int] = LONG_CONFIG) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given). ids must lie in [0, E): they are not checked here (that would
-    need a host synchronization); the router guarantees it. single_config: {ggml type: (rows per program, warps,
-    register cap or None, prefetch)} entries overriding SINGLE_CONFIG; multi_config: (rows per program, warps)
-    of the multi-pair kernels (benchmark sweeps)."""
+    need a host synchronization); the router guarantees it.
+    T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
+    chunks): the items are listed on the host side (_long_items) and hold up to long_config's CAP pairs.
+    single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
+    SINGLE_CONFIG; multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
+    long_config: (CAP, rows per program, warps, stages) of those of long calls (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
     if ids.dim() != 2 or ids.shape[0] != T or tuple(weights.shape) != tuple(ids.shape):
         raise ValueError(f"moe_forward ids / weights: expected [{T}, k] each, got {list(ids.shape)} / {list(weights.shape)}")
-    if not 1 <= T <= 16 or D % QK:
-        raise ValueError(f"moe_forward: need 1 <= T <= 16 and D % 256 == 0, got T = {T}, D = {D}")
+    if T < 1 or D % QK:
+        raise ValueError(f"moe_forward: need T >= 1 and D % 256 == 0, got T = {T}, D = {D}")
     F = gate_blocks.shape[1]
     device = v.device
     ge = _check_blocks("gate_blocks", gate_blocks, gate_type, F, D, device)
@@ -605,7 +637,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     cfg = {**SINGLE_CONFIG, **(single_config or {})}
     (gbr, gwarps, greg, gpf), (dbr, dwarps, dreg, dpf) = cfg[gate_type], cfg[down_type]
     upf = cfg[up_type][3]
-    mbr, mwarps = multi_config
+    long = T > CAP
+    cap, mbr, mwarps, mstages = long_config if long else (CAP, *multi_config, None)
     if F % gbr or D % dbr or F % mbr or D % mbr:
         raise ValueError(f"moe_forward: row tiles {gbr}, {dbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
@@ -619,24 +652,39 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     weights = weights.to(torch.float32).contiguous()
     grid_tab, ksigns_tab = _tables(device)
 
-    item_cap = 1 if T == 1 else CAP
-    _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=item_cap, PB=max(16, triton.next_power_of_2(P)), num_warps=4)
-    gu_args = (v, ids, weights, ws.order, ws.cnt, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue,
-               float(clamp))
-    dn_args = (ws.h, ids, ws.order, ws.cnt, down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
-    _moe_gateup_single[(P, F // gbr)](*gu_args, ONE_BITS, NSB=D // QK, GT=gate_type, UT=up_type, BR=gbr,
-                                      GPF=gpf, UPF=upf, num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
-    if item_cap > 1:
+    if long:
+        order, cnt, singles, multis = _long_items(ids.reshape(-1), gate_blocks.shape[0], cap)
+        ws.order.copy_(order)
+        ws.cnt.copy_(cnt)
+        n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
+    else:
+        _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=1 if T == 1 else CAP,
+                         PB=max(16, triton.next_power_of_2(P)), num_warps=4)
+        n_single, n_multi, s_starts, m_starts = P, 0 if T == 1 else P, ws.cnt, ws.cnt   # starts: unused
+    gu_args = (v, ids, weights, ws.order, ws.cnt)
+    gu_rest = (gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue, float(clamp))
+    dn_args = (ws.h, ids, ws.order, ws.cnt)
+    dn_rest = (down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
+    if n_single:
+        _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, *gu_rest, ONE_BITS, NSB=D // QK, GT=gate_type,
+                                                 UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
+                                                 num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
+    if n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
-        _moe_gateup_multi[(P, F // mbr)](*gu_args, NSB=D // QK, GT=gate_type, GBS=gbs, GNS=gns, GL=gl, UT=up_type,
-                                         UBS=ubs, UNS=uns, UL=ul, BR=mbr, num_warps=mwarps)
-    _moe_down_single[(P, D // dbr)](*dn_args, ONE_BITS, NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf,
-                                    num_warps=dwarps, **({"maxnreg": dreg} if dreg else {}))
-    if item_cap > 1:
+        _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
+                                               GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
+                                               COMPACT=long, num_warps=mwarps,
+                                               **({"num_stages": mstages} if long else {}))
+    if n_single:
+        _moe_down_single[(n_single, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, NSB=F // QK, DT=down_type,
+                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps,
+                                               **({"maxnreg": dreg} if dreg else {}))
+    if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
-        _moe_down_multi[(P, D // mbr)](*dn_args, NSB=F // QK, DT=down_type, DBS=dbs, DNS=dns, DL=dl, BR=mbr,
-                                       num_warps=mwarps)
+        _moe_down_multi[(n_multi, D // mbr)](*dn_args, m_starts, *dn_rest, NSB=F // QK, DT=down_type, DBS=dbs,
+                                             DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps,
+                                             **({"num_stages": mstages} if long else {}))
     return torch.sum(ws.y.view(T, k, D), dim=1, out=out)
 
 

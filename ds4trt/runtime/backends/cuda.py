@@ -39,7 +39,7 @@ from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
-KERNEL_MAX_T = 16            # the kernels' row limit (q8_matmul, moe_forward): longer steps go in slices
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one product
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 Q8_BLOCK, Q8_BYTES = 32, 34
 
@@ -111,14 +111,12 @@ def dequantize_q8(blocks: torch.Tensor, K: int) -> torch.Tensor:
 
 
 class CudaExperts(GGUFExperts):
-    """ds4::MoE computed by moe_forward (Triton) on the GGUF blocks, in slices of at most 16 tokens."""
+    """ds4::MoE computed by moe_forward (Triton) on the GGUF blocks (a prefill chunk in one call: each expert's
+    blocks are read once per 64 of its tokens)."""
 
     def forward(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
-        n = KERNEL_MAX_T
-        outs = [moe_op(v[i:i + n], ids[i:i + n], weights[i:i + n], self.gate_blocks, self.up_blocks,
-                       self.down_blocks, *self.types, self.clamp) for i in range(0, v.shape[0], n)]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return moe_op(v, ids, weights, self.gate_blocks, self.up_blocks, self.down_blocks, *self.types, self.clamp)
 
 
 def to_device(model: nn.Module, device) -> nn.Module:
