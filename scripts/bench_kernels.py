@@ -213,7 +213,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
             if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp", "output"):
-                for cfg in (((16, 4), (64, 8), (32, 4), (16, 8)) if T == 1 else ((32, 8), (16, 4), (8, 4))):
+                for cfg in (((32, 8), (64, 8), (32, 4), (16, 8)) if T == 1 else ((32, 8), (16, 4), (8, 4))):
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))
@@ -241,6 +241,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--cases", default="moe,moe_long,q8,q4",
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -254,10 +256,15 @@ def main() -> int:
     log(f"copy bandwidth (2 GiB device-to-device, read + write): {bw / 1e12:.3f} TB/s")
     results: list = []
     sweeps: list | None = None if args.no_sweep else []
-    bench_moe("q2", bw, l2, results, sweeps)
-    bench_moe_long("q2", bw, results, sweeps)
-    bench_q8(bw, l2, results, sweeps)
-    bench_moe("q4", bw, l2, results, sweeps)
+    cases = args.cases.split(",")
+    if "moe" in cases:
+        bench_moe("q2", bw, l2, results, sweeps)
+    if "moe_long" in cases:
+        bench_moe_long("q2", bw, results, sweeps)
+    if "q8" in cases:
+        bench_q8(bw, l2, results, sweeps)
+    if "q4" in cases:
+        bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
         if time.time() > START + args.budget - 6:
             log(f"budget reached: {len(sweeps) - i} sweep cases not run")

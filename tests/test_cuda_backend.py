@@ -46,6 +46,13 @@ def _q8_blocks(rng, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @needs_triton
+def test_dequantize_q8_is_exact():
+    blocks, ref = _q8_blocks(np.random.default_rng(1), 48, 96)
+    got = cuda.dequantize_q8(torch.from_numpy(blocks), 96)
+    assert torch.equal(got, torch.from_numpy(ref))
+
+
+@needs_triton
 def test_resident_bytes_is_what_the_model_holds():
     """The memory estimate open_engine checks against the device equals the model's parameters and buffers
     (on the CPU: the same modules), up to the small derived buffers (Hadamard matrices)."""

@@ -1,5 +1,5 @@
 """Q8_0 matrix products in Triton, reading the GGUF blocks directly (attention projections, shared expert,
-LM head): out = x @ W.T for T >= 1 rows of x (decode, verify, prefill chunks).
+LM head): out = x @ W.T for T = 1..16 rows of x.
 
     q8_matmul(x [T, G*K] f32, w_blocks uint8 [N, K/32*34], N, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
@@ -16,7 +16,7 @@ is bit-exact.
 T <= 4: float32 FMA (_q8_rows), lanes along each block's quants so that loads are coalesced, each block decoded
 once for the T rows; when N is small the K range is split over several programs (at least MIN_PROGRAMS in
 all) and the partial sums are added in a fixed order afterwards (deterministic; no atomics).
-T > 4: the decoded [BR, 128] tile times x [128, BT] on the tensor cores with input_precision="tf32x3"
+T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
 """
@@ -32,14 +32,13 @@ NB_STEP = 8                  # blocks per loop step of the FMA kernels: 256 valu
 NB = tl.constexpr(NB_STEP)
 MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
-# (rows per program, warps) of the FMA kernel by T (1..4). Chosen from the compiled code (instructions per value,
-# registers, no spills, bytes in flight per SM; T = 2..4 at 16 rows hold 78-97 registers) and the sweeps of
-# scripts/bench_kernels.py: T = 1 at (16, 4) beat (32, 8) on the H200 for attn_q_b, ffn_gate_shexp and the LM head
-# (21.1 / 10.1 / 254 us against 22.1 / 12.1 / 280, 2026-11-29).
+# (rows per program, warps): the FMA kernel by T (1..4) and the tensor-core kernel (T > 4). Chosen from the
+# compiled code (instructions per value, registers, no spills, bytes in flight per SM; T = 2..4 at 16 rows hold
+# 78-97 registers) and the sweeps of scripts/bench_kernels.py: T = 1 at (16, 4) beat (32, 8) on the H200 for
+# attn_q_b, ffn_gate_shexp and the LM head (21.1 / 10.1 / 254 us against 22.1 / 12.1 / 280, 2026-11-29).
 ROWS_CONFIG = {1: (16, 4), 2: (16, 8), 3: (16, 8), 4: (16, 8)}
 MIN_PROGRAMS = 528           # split K until there are at least this many programs (4 per SM on an H200)
-# the tensor-core kernel's (rows per program, x rows per program, warps): T = 5..16, and longer T (prefill chunks)
-MMA_CONFIG, MMA_LONG_CONFIG = (64, 16, 4), (64, 64, 4)
+MMA_BR, MMA_WARPS = 64, 4
 
 
 @triton.jit
@@ -120,22 +119,21 @@ def _q8_rows(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, B
 
 
 @triton.jit
-def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr):
-    """out[t0:t0+BT, rows] for T > 4 (tensor cores, tf32x3), K in steps of MMA_NB blocks; program (i, j) does
-    rows i*BR.. and x rows t0 = j*BT.."""
+def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr):
+    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3), K in steps of MMA_NB blocks."""
     row0 = tl.program_id(0) * BR
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
     K = NKB * 32
-    t = tl.program_id(1) * BT + tl.arange(0, BT)
+    t = tl.arange(0, 16)
     tmask = t < T
     x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
     kk = tl.arange(0, MMA_NB * 32)
-    acc = tl.zeros([BR, BT], tl.float32)
+    acc = tl.zeros([BR, 16], tl.float32)
     for kb in range(0, (NKB + MMA_NB - 1) // MMA_NB):
         val, _ = _decode(w_ptr, rows, kb, ONE, NKB, BR, MMA_NB)
         w2 = tl.reshape(val, (BR, MMA_NB * 32))
         k = kb * (MMA_NB * 32) + kk
-        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, BT]
+        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, 16]
         acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
     out_rows = row0 + tl.arange(0, BR)
     tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], acc,
@@ -143,14 +141,13 @@ def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexp
 
 
 def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
-              out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
-    """x: float32 [T, groups*K], T >= 1; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N] (written
-    into `out` when given). config overrides the defaults (sweeps): (rows per program, warps) for T <= 4,
-    (rows per program, x rows per program, warps) above."""
+              out: torch.Tensor | None = None, config: tuple[int, int] | None = None) -> torch.Tensor:
+    """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N]
+    (written into `out` when given). config: (rows per program, warps), overriding the defaults (sweeps)."""
     if K % QK or N % groups:
         raise ValueError(f"q8_matmul: K = {K} must be a multiple of 32 and N = {N} of groups = {groups}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or x.shape[0] < 1:
-        raise ValueError(f"q8_matmul x: expected float32 [T >= 1, {groups * K}], got {x.dtype} {list(x.shape)}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
+        raise ValueError(f"q8_matmul x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
     if w_blocks.dtype != torch.uint8 or w_blocks.numel() != N * (K // QK) * BLOCK_BYTES:
         raise ValueError(f"q8_matmul w_blocks: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes, "
                          f"got {w_blocks.dtype} {list(w_blocks.shape)}")
@@ -176,11 +173,11 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
         if splits > 1:
             torch.sum(part, dim=0, out=out)
         return out
-    br, bt, warps = config or (MMA_CONFIG if T <= 16 else MMA_LONG_CONFIG)
+    br, warps = config or (MMA_BR, MMA_WARPS)
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    _q8_multi[(triton.cdiv(N, br), triton.cdiv(T, bt))](x, w_blocks, out, T, N, rows_per_group, ONE_BITS,
-                                                          NKB=K // QK, BR=br, BT=bt, num_warps=warps)
+    _q8_multi[(triton.cdiv(N, br),)](x, w_blocks, out, T, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br,
+                                     num_warps=warps)
     return out

@@ -39,6 +39,8 @@ from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one SGEMM (at T =
+                             # 2048 it beat tf32x3 tensor cores in Triton on the H200: 45 against 29 TFLOP/s)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 Q8_BLOCK, Q8_BYTES = 32, 34
 
@@ -96,7 +98,17 @@ class Q8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., G*K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: dequantize this weight for the one product
+            return project(x, dequantize_q8(self.blocks, self.K), self.groups)
         return q8_matmul_op(x2, self.blocks, self.N, self.K, self.groups).reshape(*x.shape[:-1], self.N)
+
+
+def dequantize_q8(blocks: torch.Tensor, K: int) -> torch.Tensor:
+    """uint8 [N, K/32*34] Q8_0 rows -> float32 [N, K] (value = f16 scale * int8 quant, exact)."""
+    b = blocks.reshape(blocks.shape[0], K // Q8_BLOCK, Q8_BYTES)
+    d = b[..., :2].contiguous().view(torch.float16).float()              # [N, K/32, 1]
+    q = b[..., 2:].contiguous().view(torch.int8).float()                 # [N, K/32, 32]
+    return (q * d).reshape(blocks.shape[0], K)
 
 
 class CudaExperts(GGUFExperts):
