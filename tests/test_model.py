@@ -113,3 +113,19 @@ def test_rewind_replays_exactly(tiny_gguf):
     assert torch.allclose(a.logits, b.logits, rtol=0, atol=1e-12)
     la, lb = a.cache.live_tensors(), b.cache.live_tensors()
     assert all(torch.allclose(la[k], lb[k], rtol=0, atol=1e-12) for k in la)
+
+
+def test_prefill_runs_in_the_engines_chunks(tiny_gguf):
+    """Session.prefill steps through the prompt in chunks of engine.prefill_chunk (the CUDA backend's is larger
+    than the CPU's) and ends on the same logits as another chunking."""
+    engine = Engine.open(tiny_gguf, dtype=torch.float64)
+    prompt = torch.randint(0, engine.cfg.n_vocab, (12,), generator=torch.Generator().manual_seed(9)).tolist()
+    engine.prefill_chunk = 5
+    s = engine.session(32)
+    seen = []
+    step = s.target_step
+    s.target_step = lambda tokens, *a, **k: seen.append(len(tokens)) or step(tokens, *a, **k)
+    got = s.prefill(prompt).clone()
+    assert seen == [5, 5, 2]
+    ref = engine.session(32).prefill(prompt, chunk=12)
+    assert torch.allclose(got, ref, rtol=0, atol=1e-9 * ref.abs().max().item())

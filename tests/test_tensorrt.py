@@ -789,6 +789,7 @@ def test_runtime_on_a_stand_in_tensorrt(fake_trt, trt_dir, ort_reference, cuda_g
     ref = ort_reference
     engine = RT.open_engine(trt_dir, verify_hashes=False, cuda_graphs=cuda_graphs)
     try:
+        assert engine.prefill_chunk == CTX          # prefill steps take the widest profile: min(--prefill-chunk, ctx)
         s = engine.session()
         views = {f"cache.{k}": v.data_ptr() for k, v in s.cache.tensors().items()}
         assert views == {n: engine.model.arena.address(n) for n in views}     # the caches live in the arena

@@ -30,7 +30,8 @@ PREFILL_CHUNK = 256
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer | None, mtp: MTPHead | None = None,
-                 source: str = "", dtype: torch.dtype = torch.float32, device: str = "cpu", steps=Steps):
+                 source: str = "", dtype: torch.dtype = torch.float32, device: str = "cpu", steps=Steps,
+                 prefill_chunk: int = PREFILL_CHUNK):
         """`model` and `mtp` are any backend's callables with the signatures of Transformer.forward and
         MTPHead.forward (PyTorch modules here; ONNX Runtime / TensorRT graph runners elsewhere).
         `steps(model, cache)` binds one of them to a session's cache (runtime/steps.py; CUDA graphs:
@@ -38,6 +39,7 @@ class Engine:
         self.model, self.tokenizer, self.mtp, self.source = model, tokenizer, mtp, source
         self.dtype, self.device = dtype, torch.device(device)
         self.bind_steps = steps
+        self.prefill_chunk = prefill_chunk       # tokens per prefill step (Session.prefill's default)
         self.cfg = model.cfg
 
     @classmethod
@@ -96,8 +98,10 @@ class Session:
             self.drafter.observe(hc[:n])
 
     # ---- public API ----
-    def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
-        """Commit `tokens` in chunks; returns the logits after the last one [V]."""
+    def prefill(self, tokens: list[int], chunk: int | None = None) -> torch.Tensor:
+        """Commit `tokens` in chunks (of the engine's prefill_chunk by default); returns the logits after the
+        last one [V]."""
+        chunk = chunk or self.engine.prefill_chunk
         if self.pos + len(tokens) > self.ctx:
             raise Ds4Error(f"prompt of {len(tokens)} tokens does not fit in --ctx {self.ctx}"
                            + (f" after {self.pos} tokens" if self.pos else ""))

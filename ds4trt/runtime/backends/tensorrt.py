@@ -283,7 +283,8 @@ class TrtEngine(Engine):
 
     def __init__(self, target: TrtTarget, tokenizer: Tokenizer, mtp: TrtMTP | None, source: str,
                  info: M.TensorRTInfo):
-        super().__init__(target, tokenizer, mtp, source, dtype=torch.float32, device=self.DEVICE)
+        super().__init__(target, tokenizer, mtp, source, dtype=torch.float32, device=self.DEVICE,
+                         prefill_chunk=max(p["max"] for p in info.profiles))     # the widest profile: prefill
         self.info, self.steps = info, [s for s in (target, mtp) if s is not None]
 
     def session(self, ctx: int | None = None) -> TrtSession:
