@@ -129,3 +129,30 @@ def test_prefill_runs_in_the_engines_chunks(tiny_gguf):
     assert seen == [5, 5, 2]
     ref = engine.session(32).prefill(prompt, chunk=12)
     assert torch.allclose(got, ref, rtol=0, atol=1e-9 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+def test_long_chunks_in_query_blocks_equal_one_block(tiny_gguf, monkeypatch, numerics):
+    """A chunk longer than QUERY_BLOCK is scored in blocks of queries, each against only the keys it can see
+    (window rows, compressed rows emitted by then; the indexer in blocks too): with blocks of 5 queries, a 37-token
+    chunk after 13 committed tokens gives the logits and cache rows of the same chunk scored in one block."""
+    from ds4trt.model import attention
+
+    engine = Engine.open(tiny_gguf, numerics=numerics, dtype=torch.float64)
+    tokens = torch.randint(0, engine.cfg.n_vocab, (50,), generator=torch.Generator().manual_seed(4)).tolist()
+
+    def chunk_after_prefix():
+        s = engine.session(64)
+        s.prefill(tokens[:13])
+        logits, _, rows = s.target_step(tokens[13:])
+        return logits, rows
+
+    one_logits, one_rows = chunk_after_prefix()
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 5)
+    got_logits, got_rows = chunk_after_prefix()
+    scale = one_logits.abs().max().item()
+    assert torch.allclose(got_logits, one_logits, rtol=0, atol=1e-12 * scale)
+    for a, b in zip(got_rows, one_rows):
+        for name, t in vars(a).items():
+            if isinstance(t, torch.Tensor):
+                assert torch.allclose(t, getattr(b, name), rtol=0, atol=1e-12 * max(1.0, t.abs().max().item())), name

@@ -19,12 +19,13 @@ from ds4trt.model.state import NEG, LayerCache, LayerRows
 
 
 QUERY_BLOCK = 256   # long prefill chunks score their queries in blocks of this many: bounds the [T, H, K] temporaries
+# (at T = 2048 the attention logits alone are 2 GiB) and lets each block skip the keys none of its queries sees.
+# A traced step (T = 3) is one block on the whole tensors: no slice bakes T into the graph.
 
 
 def _by_query_blocks(fn, *rows: torch.Tensor) -> torch.Tensor:
     """fn(*rows) for tensors whose dim 0 is the T queries, each query's result depending on its own rows alone; in
-    blocks of QUERY_BLOCK queries when T is larger (same values, less memory: at T = 2048 the attention logits
-    alone are 2 GiB). A traced step (T = 3) holds one call on the whole tensors (no slice bakes T in)."""
+    blocks of QUERY_BLOCK queries when T is larger (same values, less memory)."""
     T = rows[0].shape[0]
     if T <= QUERY_BLOCK:
         return fn(*rows)
@@ -162,9 +163,20 @@ class Attention(nn.Module):
             keys.append(torch.cat([cache.comp, rows.comp], dim=0))
             masks.append(comp_vis)
 
-        k = torch.cat(keys, dim=0)                                  # [K, d]: K = W-1+T (+ Kc+T)
-        mask = torch.cat(masks, dim=1)                              # [T, K]
-        o = _by_query_blocks(lambda qb, mb: self._attend(qb, k, mb), q, mask)   # [T, H, d]
+        if T <= QUERY_BLOCK:
+            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T), d]
+        else:
+            # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
+            # a .. b+W-2 (the windows of its queries) and compressed rows up to Kc+b-1 (emitted by its last query);
+            # the keys left out are masked for the whole block, so the values are the same
+            blocks = []
+            for a in range(0, T, QUERY_BLOCK):
+                b = min(a + QUERY_BLOCK, T)
+                spans = [(a, b + W - 1)] + [(0, g.shape[0] - T + b) for g in keys[1:]]
+                kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
+                mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
+                blocks.append(self._attend(q[a:b], kb, mb))
+            o = torch.cat(blocks)                                   # [T, H, d]
         o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 

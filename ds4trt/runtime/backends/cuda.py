@@ -40,7 +40,8 @@ from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
 KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one SGEMM (at T =
-                             # 2048 it beat tf32x3 tensor cores in Triton on the H200: 45 against 29 TFLOP/s)
+                             # 2048 it beat a tf32x3 Triton kernel on the H200, ~45 against ~29 TFLOP/s, in a
+                             # one-off comparison not kept as a benchmark)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 # Prefill chunk of this backend's sessions: a long MoE call costs about the same up to 2048 tokens (every expert
 # is read once), attention grows with the chunk; on the H200 at Flash width (43 layers, 2048-token prompt)
