@@ -12,7 +12,7 @@ Steps run through GraphedSteps exactly as a session runs them (one CUDA graph pe
 
 Measured (median of --repeats, CUDA events around run + commit, so host work between graphs counts):
   decode   T = 1 at a short context and after the --prefill prompt
-  verify   T = 2..4 after the prompt (commit of 1 row: the positions advance by one per repeat)
+  verify   T = 2..4 (--verify) after the prompt (commit of 1 row: the positions advance by one per repeat)
   prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run
            eagerly), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
@@ -131,6 +131,9 @@ def main() -> int:
     ap.add_argument("--chunk", type=lambda a: [int(c) for c in a.split(",")], default=[256],
                     help="prefill chunk, or several separated by commas (<= 16: CUDA graphs, else eager)")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--verify", type=lambda a: [int(t) for t in a.split(",") if t], default=[2, 3, 4],
+                    help="verify step lengths to time after the prompt, comma-separated ('' for none: with --compile "
+                         "each length compiles for about a minute at 43 layers)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
@@ -209,7 +212,7 @@ def main() -> int:
             record(f"prefill (chunk {chunk})", args.prefill, ms, nbytes, tokens_per_s=args.prefill / ms * 1e3,
                    peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
 
-        for T in (1, 2, 3, 4):
+        for T in (1, *args.verify):
             t0 = time.time()
             step(T)()                                          # capture (and compile)
             log(f"T={T} graph captured in {time.time() - t0:.1f} s")
