@@ -7,12 +7,13 @@
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. For T <= 16 (decode, verify): four launches (six when T > 1), no host synchronization, so a CUDA
-graph can capture a call:
+registers. For T <= 16 (decode, verify): four launches (six when T > SINGLE_MAX_T), no host synchronization, so
+a CUDA graph can capture a call:
 
   1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
-                   item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert.
+                   item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert
+                   (one pair when T <= SINGLE_MAX_T).
   2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
                    BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
@@ -80,6 +81,10 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # IQ2_XXS without prefetch: measured on the H200 at d411a33 (q2 MoE, T = 1: 104 us against 120 us with it).
 SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
+# Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
+# tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
+# (6 experts shared by T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4).
+SINGLE_MAX_T = 4
 # Long calls (T > CAP: prefill chunks): items of up to 64 pairs, so that one read of an expert's blocks serves
 # up to 64 tokens; (CAP, rows per program, warps, pipeline stages), swept by scripts/bench_kernels.py. 64 rows
 # let Triton use sm_90's wgmma; one stage keeps the shared memory at ~100 KB (three would need ~210 KB).
@@ -658,9 +663,10 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
     else:
-        _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=1 if T == 1 else CAP,
+        pairs_only = T <= SINGLE_MAX_T
+        _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=1 if pairs_only else CAP,
                          PB=max(16, triton.next_power_of_2(P)), num_warps=4)
-        n_single, n_multi, s_starts, m_starts = P, 0 if T == 1 else P, ws.cnt, ws.cnt   # starts: unused
+        n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
     gu_rest = (gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue, float(clamp))
     dn_args = (ws.h, ids, ws.order, ws.cnt)
