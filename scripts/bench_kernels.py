@@ -162,7 +162,7 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                         sweeps.append(lambda sc=sc, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
                             f"  sweep single_config={sc}", T, nb, time_graph(lambda: fn(single_config=sc), R), bw,
                             kind="sweep_moe", mix=mix, routing="random", config=str(sc))))
-            if sweeps is not None and mix == "q2" and (routing, T) == ("shared", 4):
+            if sweeps is not None and mix == "q2" and (routing, T) == ("shared", 8):    # T <= 4: one-pair items only
                 for cfg in ((32, 4), (64, 4), (128, 8)):
                     sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
                         f"  sweep multi_config={cfg}", T, nb, time_graph(lambda: fn(multi_config=cfg), R), bw,
@@ -174,7 +174,8 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
     items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched expert once."""
     types = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(4)
-    blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
+    blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1)
+              for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
     rng = torch.Generator(device="cpu").manual_seed(5)
     for T in (256, 2048):
         ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])

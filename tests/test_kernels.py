@@ -177,7 +177,8 @@ def test_moe_long_calls(mix, cap):
     ids[0, 0] = 7
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1))
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types)) for e in range(8)}
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+           for e in range(8)}
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
@@ -203,8 +204,8 @@ def _flash_experts(types, seed, E=256, F=2048, D=4096, pool=8):
 @gpu_only
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_flash_widths(mix):
-    """D = 4096, F = 2048, E = 256, k = 6; T = 1..16 tokens choosing 6 of 8 experts (so T > 1 shares experts
-    and both the one-pair and the multi-pair kernels run; expert 255 exercises the largest offsets)."""
+    """D = 4096, F = 2048, E = 256, k = 6; T = 1..16 tokens choosing 6 of 8 experts (so T > 1 shares experts:
+    one-pair items up to T = SINGLE_MAX_T, multi-pair items above; expert 255 exercises the largest offsets)."""
     types = MIXES[mix]
     blocks, pool, deq = _flash_experts(types, seed=len(mix))
     rng = np.random.default_rng(1000 + len(mix))

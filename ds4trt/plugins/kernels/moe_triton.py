@@ -26,8 +26,8 @@ blocks are read once per 64 of its tokens instead of once per 16-token slice.
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values (the
 decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
-small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048) times a
-per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
+small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
+2048) times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
 power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|)). Each tensor-core product is then exact in the
 fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
 
