@@ -174,6 +174,13 @@ def main() -> int:
         log(f"{name:22s} T={T:<4d} {ms:9.3f} ms  reads {nbytes / 1e9:7.3f} GB  floor {floor_ms:7.3f} ms  "
             f"{100 * floor_ms / ms:5.1f} % of floor" + "".join(f"  {k} {v:.1f}" for k, v in extra.items()))
 
+    def prefill(prompt: list[int], chunk: int) -> None:
+        """Commit `prompt` in chunks, as Session.prefill does (last-row logits only)."""
+        for i in range(0, len(prompt), chunk):
+            part = prompt[i:i + chunk]
+            _, _, rows = steps.run(part, last_only=True)
+            steps.commit(rows, len(part))
+
     def step(T: int, n: int = 1):
         def fn():
             _, _, rows = steps.run(tokens(T))
@@ -194,17 +201,11 @@ def main() -> int:
             cache.reset()
             peaks.append(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-            for i in range(0, len(prompt), chunk):            # warm-up pass (captures / compiles), not timed
-                part = prompt[i:i + chunk]
-                _, _, rows = steps.run(part, last_only=True)
-                steps.commit(rows, len(part))
+            prefill(prompt, chunk)                             # warm-up pass (captures / compiles), not timed
             cache.reset()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            for i in range(0, len(prompt), chunk):
-                part = prompt[i:i + chunk]
-                _, _, rows = steps.run(part, last_only=True)
-                steps.commit(rows, len(part))
+            prefill(prompt, chunk)
             b.record()
             b.synchronize()
             ms = a.elapsed_time(b)
@@ -230,8 +231,7 @@ def main() -> int:
             cache.reset()
             part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                _, _, rows = steps.run(part, last_only=True)
-                steps.commit(rows, len(part))
+                prefill(part, len(part))
                 torch.cuda.synchronize()
             print(f"prefill, one chunk of {len(part)} tokens:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
