@@ -227,7 +227,11 @@ def main() -> int:
                 for _ in range(5):
                     step(1)()
                 torch.cuda.synchronize()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy_us = sum(e.time_range.elapsed_us() for e in kernels) / 5
+            log(f"decode step, profiled: {len(kernels) / 5:.0f} GPU kernels and copies per step, {busy_us / 1e3:.3f} ms "
+                f"of them busy ({cfg.n_layer} layers: {len(kernels) / 5 / cfg.n_layer:.1f} per layer)")
             cache.reset()
             part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
