@@ -154,8 +154,9 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             if sweeps is not None and routing == "random" and T == 1:
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults
                 for t in sorted(set(types)):
-                    for cfg in ((16, 4, None, False), (16, 4, None, True), (32, 4, None, False), (32, 4, None, True),
-                                (32, 8, None, True), (64, 8, None, False)):
+                    for cfg in ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
+                                (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
+                                (64, 8, None, False)):
                         if cfg == M.SINGLE_CONFIG[t]:
                             continue
                         sc = {t: cfg}

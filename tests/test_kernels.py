@@ -286,6 +286,7 @@ def _q8_check(Ts, N, K, groups, seed):
         out = _nan(T, N)
         got = q8_triton.q8_matmul(x, wb_dev, N, K, groups=groups, out=out)
         assert got.data_ptr() == out.data_ptr()
+        assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         err = _rel(got, ref)
         assert err <= TOL, f"T = {T}, N = {N}, K = {K}, groups = {groups}: relative error {err:.3g}"
 
@@ -411,9 +412,10 @@ def test_every_variant_compiles_for_sm90():
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
         for K in (1024, 4096, 8192, 320):
             for T, (br, w) in Q.ROWS_CONFIG.items():
-                for steps in (1, 2, 16):
-                    ok(Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br, STEPS=steps,
-                                         EXACT=(K // 32) % 8 == 0, TP=T, num_warps=w, grid=(1,)))
+                for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
+                    ok(Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br,
+                                         STEPS=steps, SPLITS=splits, EXACT=(K // 32) % 8 == 0, TP=T, num_warps=w,
+                                         grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
@@ -424,8 +426,8 @@ def test_every_variant_compiles_for_sm90():
                    num_warps=w, grid=(1,)))
         for T, configs in ((1, ((32, 8), (64, 8), (32, 4), (16, 8))), (4, ((32, 8), (16, 4), (8, 4)))):
             for br, w in configs:
-                ok(Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True,
-                                     TP=T, num_warps=w, grid=(1,)))
+                ok(Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2,
+                                     SPLITS=8, EXACT=True, TP=T, num_warps=w, grid=(1,)))
         (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
         for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
             ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
@@ -455,9 +457,10 @@ def test_every_variant_compiles_for_sm90():
                 DT=dt, BR=dbr, DPF=dpf, COMPACT=False, num_warps=dw, grid=(1,), **({"maxnreg": dreg} if dreg else {}))
             assert spills(k) == 0, ("_moe_down_single spills", dt)
         for T, (br, w) in Q.ROWS_CONFIG.items():
-            k = Q._q8_rows.warmup(f32, u8, f32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2, EXACT=True, TP=T,
-                                  num_warps=w, grid=(1,))
-            assert spills(k) == 0, ("_q8_rows spills", T)
+            for splits in (1, 8):
+                k = Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2,
+                                      SPLITS=splits, EXACT=True, TP=T, num_warps=w, grid=(1,))
+                assert spills(k) == 0, ("_q8_rows spills", T, splits)
         print("compiled", n)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

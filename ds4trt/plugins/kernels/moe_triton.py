@@ -78,8 +78,10 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
-# IQ2_XXS without prefetch: measured on the H200 at d411a33 (q2 MoE, T = 1: 104 us against 120 us with it).
-SINGLE_CONFIG = {Q2_K: (16, 4, None, False), Q4_K: (16, 4, None, True), IQ2_XXS: (32, 4, None, False)}
+# Since the tiles put the rows last (_iq2_dot), the H200 sweep (one type changed at a time from 32 x 4 / 16 x 4 without
+# prefetch: q2 T = 1 99.1 us, q4 77.4 us) favoured 32 rows x 4 warps with prefetch for every type: Q2_K 87.3 us,
+# IQ2_XXS 90.7, Q4_K 64.8.
+SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (32, 4, None, True)}
 MULTI_BR, MULTI_WARPS = 64, 8
 # Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
 # tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
@@ -211,25 +213,27 @@ def _expand4_3d(w):
 @triton.jit
 def _kq_raw(ptr, blk, c, TYPE: tl.constexpr):
     """Raw loads of one Q2_K / Q4_K block per row (blk: [BR] byte offsets of the blocks; c: run indices):
-    (words [BR, NS, NW] uint32, per-run scale bytes [BR, NS] int32, d and dmin [BR] as f16 bit patterns).
-    Multi-byte fields are read through a pointer of their own type indexed in elements: a byte pointer cast
-    to uint32 would look to Triton's contiguity analysis like a stride of 4, and the loads would neither be
-    vectorized nor coalesced. Q4_K packs its three scale bytes B[s], B[s+4], B[s-4] into one int."""
+    (words [NS, NW, BR] uint32, per-run scale bytes [NS, BR] int32, d and dmin [BR] as f16 bit patterns); the
+    rows come last (see _iq2_dot). Multi-byte fields are read through a pointer of their own type indexed in
+    elements: a byte pointer cast to uint32 would look to Triton's contiguity analysis like a stride of 4, and the
+    loads would neither be vectorized nor coalesced. Q4_K packs its three scale bytes B[s], B[s+4], B[s-4] into
+    one int."""
     p32 = ptr.to(tl.pointer_type(tl.uint32))
     p16 = ptr.to(tl.pointer_type(tl.uint16))
     if TYPE == 10:  # run c = 8n + 2j + h: qs[32n + 16h + 0..15] (4 words) at shift 2j
-        wi = tl.arange(0, 4)[None, None, :]
-        w = tl.load(p32 + (blk // 4 + 4)[:, None, None] + (8 * (c >> 3) + 4 * (c & 1))[None, :, None] + wi)
-        sc = tl.load(ptr + blk[:, None] + c[None, :]).to(tl.int32)
+        wi = tl.arange(0, 4)[None, :, None]
+        w = tl.load(p32 + (8 * (c >> 3) + 4 * (c & 1))[:, None, None] + wi + (blk // 4 + 4)[None, None, :])
+        sc = tl.load(ptr + c[:, None] + blk[None, :]).to(tl.int32)
         d = tl.load(p16 + (blk // 2 + 40)).to(tl.int32)
         dmin = tl.load(p16 + (blk // 2 + 41)).to(tl.int32)
     else:  # Q4_K, run s: qs[32(s>>1) + 0..31] (8 words) at shift 4(s&1)
-        wi = tl.arange(0, 8)[None, None, :]
-        w = tl.load(p32 + (blk // 4 + 4)[:, None, None] + (8 * (c >> 1))[None, :, None] + wi)
-        cc = c[None, :]
-        sc = (tl.load(ptr + blk[:, None] + (4 + cc)).to(tl.int32)
-              | (tl.load(ptr + blk[:, None] + (8 + cc)).to(tl.int32) << 8)
-              | (tl.load(ptr + blk[:, None] + (4 + (cc & 3))).to(tl.int32) << 16))
+        wi = tl.arange(0, 8)[None, :, None]
+        w = tl.load(p32 + (8 * (c >> 1))[:, None, None] + wi + (blk // 4 + 4)[None, None, :])
+        cc = c[:, None]
+        bk = blk[None, :]
+        sc = (tl.load(ptr + (4 + cc) + bk).to(tl.int32)
+              | (tl.load(ptr + (8 + cc) + bk).to(tl.int32) << 8)
+              | (tl.load(ptr + (4 + (cc & 3)) + bk).to(tl.int32) << 16))
         d = tl.load(p16 + blk // 2).to(tl.int32)
         dmin = tl.load(p16 + (blk // 2 + 1)).to(tl.int32)
     return w, sc, d, dmin
@@ -242,58 +246,73 @@ def _f16_bits(h):
 
 @triton.jit
 def _kq_dot(acc, w, sc, d, dmin, x, c, ONE, TYPE: tl.constexpr):
-    """acc [BR, NS, NW] += per word, the sum over its 4 values of value * x (x: [1, NS, NW, 4])."""
+    """acc [NS, NW, BR] += per word, the sum over its 4 values of value * x (x: [NS, NW, 4])."""
     b = tl.arange(0, 4)[None, None, None, :]
-    d = _f16_bits(d)[:, None]
-    dmin = _f16_bits(dmin)[:, None]
+    d = _f16_bits(d)[None, :]
+    dmin = _f16_bits(dmin)[None, :]
     if TYPE == 10:
-        w = w >> (2 * ((c >> 1) & 3))[None, :, None]
+        w = w >> (2 * ((c >> 1) & 3))[:, None, None]
         f = ((_to_bit(_expand4_3d(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/4
         a = 4.0 * d * (sc & 15).to(tl.float32)
         bb = -(a + dmin * (sc >> 4).to(tl.float32))
     else:
-        w = w >> (4 * (c & 1))[None, :, None]
+        w = w >> (4 * (c & 1))[:, None, None]
         f = ((_to_bit(_expand4_3d(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/16
         bs = sc & 255
         bs4 = (sc >> 8) & 255
         bsm4 = (sc >> 16) & 255
-        low = (c < 4)[None, :]
+        low = (c < 4)[:, None]
         s6 = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)).to(tl.float32)
         m6 = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)).to(tl.float32)
         a = 16.0 * d * s6
         bb = -(a + dmin * m6)
-    return acc + tl.sum((f * a[:, :, None, None] + bb[:, :, None, None]) * x, axis=3)
+    return acc + tl.sum((f * a[:, None, :, None] + bb[:, None, :, None]) * x[:, :, None, :], axis=3)
 
 
 @triton.jit
-def _iq2_raw(ptr, gbase, g, sb):
-    """Raw loads of block sb for the IQ2_XXS group tile (see _fma_rows): the group fields."""
-    gb = gbase + sb * 66                                    # byte offset of the group's fields minus 2 (even)
-    idx = tl.load(ptr + gb[:, None] + 2 + tl.arange(0, 4)[None, :]).to(tl.int32)           # A bytes
+def _iq2_raw(ptr, rb, sb):
+    """Raw loads of block sb of each row for the IQ2_XXS tile (see _fma_rows); rb [BR]: byte offset of each
+    row's block 0. Returns, per group g and row: the B word's halves lo, hi [8, BR], the A bytes [8, 4, BR], and
+    the block's d [BR]."""
+    b = rb + sb * 66                                        # even: fields are read as 16-bit words at most
+    gb = 8 * tl.arange(0, 8)[:, None] + b[None, :]          # group g's fields start at byte gb + 2
+    idx = tl.load(ptr + gb[:, None, :] + 2 + tl.arange(0, 4)[None, :, None]).to(tl.int32)   # A bytes
     p16 = ptr.to(tl.pointer_type(tl.uint16))
     lo = tl.load(p16 + (gb // 2 + 3)).to(tl.int32)
     hi = tl.load(p16 + (gb // 2 + 4)).to(tl.int32)
-    d = tl.load(ptr.to(tl.pointer_type(tl.float16)) + (gb // 2 - 4 * g)).to(tl.float32)
+    d = tl.load(ptr.to(tl.pointer_type(tl.float16)) + b // 2).to(tl.float32)
     return lo, hi, d, idx
 
 
 @triton.jit
-def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE, G: tl.constexpr):
-    l = tl.arange(0, 4)[None, :]
-    wd = tl.arange(0, 2)[None, None, :]
-    b4 = tl.arange(0, 4)[None, None, None, :]
-    dl = d * (0.125 * (2 * (hi >> 12) + 1).to(tl.float32))                                  # d (2s+1) / 8
-    sidx = ((lo | (hi << 16))[:, None] >> (7 * l)) & 127
-    codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                                    # [G, 4]
+def _expand4_4d(w):
+    """[A, B, C, E] words -> [A, B, C, E, 4]: each word repeated for its 4 bytes (in-thread copies)."""
+    w = tl.join(w, w)
+    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], w.shape[2], w.shape[3], 4))
+
+
+@triton.jit
+def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE):
+    """acc [8, 4, BR] += per group g, run l and row, the sum of the run's 8 values times x [8, 4, 2, 4] (value
+    32g + 8l + 4w + b of the block).
+    Layout: the rows come last so that Triton, which orders the dims of a gather (no contiguity) from the first,
+    spreads a warp's 32 lanes over (g, l) and repeats the rows in each thread; the 8 values of a run are made by
+    joins, so they stay in one thread too. A thread then loads its 8 activations once per block for all its rows,
+    and a warp's loads of a row's fields touch one row (reading x per row made the loop bound by L1 traffic)."""
+    l = tl.arange(0, 4)[None, :, None]
+    b4 = tl.arange(0, 4)[None, None, None, None, :]
+    dl = d[None, :] * (0.125 * (2 * (hi >> 12) + 1).to(tl.float32))                         # d (2s+1) / 8
+    sidx = ((lo | (hi << 16))[:, None, :] >> (7 * l)) & 127
+    codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                                    # [8, 4, BR]
     signs = tl.load(ksigns_ptr + sidx).to(tl.int32)
-    cw = tl.reshape(_expand4(tl.reshape(codes[:, :, None] >> (8 * wd), (G, 8))), (G, 4, 2, 4))
-    sw = tl.reshape(_expand4(tl.reshape(signs[:, :, None] >> (4 * wd), (G, 8))), (G, 4, 2, 4))
+    cw = _expand4_4d(tl.join(codes, codes >> 8))                                             # [8, 4, BR, 2, 4]
+    sw = _expand4_4d(tl.join(signs, signs >> 4))
     f = (((cw << (21 - 2 * b4)) & 0x00600000) | ONE).to(tl.float32, bitcast=True)             # 1 + code/4
-    a8 = (8.0 * dl)[:, None, None, None]
-    a50 = (50.0 * dl)[:, None, None, None]
+    a8 = (8.0 * dl)[:, None, :, None, None]
+    a50 = (50.0 * dl)[:, None, :, None, None]
     mag = f * (f * a8 + a50) - a50                                                           # dl * (8, 25, 43)
     val = (mag.to(tl.int32, bitcast=True) ^ ((sw << (31 - b4)) & -2147483648)).to(tl.float32, bitcast=True)
-    return acc + val * x
+    return acc + tl.sum(tl.sum(val * x[:, :, None, :, :], axis=4), axis=3)
 
 
 @triton.jit
@@ -310,45 +329,41 @@ def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
     its 4 values, so the per-value shifts are constants.
     PREFETCH: load the next block's weight bytes before computing the current one (two blocks in flight per
     program; costs registers, so occupancy, for some types: see SINGLE_CONFIG)."""
-    if TYPE != 16:  # Q2_K, Q4_K: tile [row, run, word, byte]; the activations [run, word, byte] serve every row
+    if TYPE != 16:  # Q2_K, Q4_K: tile [run, word, row, byte]; the activations [run, word, byte] serve every row
         NS: tl.constexpr = 16 if TYPE == 10 else 8
         NW: tl.constexpr = 4 if TYPE == 10 else 8
         BS: tl.constexpr = 84 if TYPE == 10 else 144
         c = tl.arange(0, NS)
         rbase = expert_off + (row0 + tl.arange(0, BR)).to(tl.int64) * (NSB * BS)
         xoff = (NW * 4 * c)[:, None, None] + 4 * tl.arange(0, NW)[None, :, None] + tl.arange(0, 4)[None, None, :]
-        acc = tl.zeros([BR, NS, NW], tl.float32)
+        acc = tl.zeros([NS, NW, BR], tl.float32)
         if PREFETCH:
             w, sc, d, dmin = _kq_raw(ptr, rbase, c, TYPE)
             for sb in range(0, NSB):
                 nw, nsc, nd, ndmin = _kq_raw(ptr, rbase + tl.minimum(sb + 1, NSB - 1) * BS, c, TYPE)
-                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, ONE, TYPE)
                 w, sc, d, dmin = nw, nsc, nd, ndmin
         else:
             for sb in range(0, NSB):
                 w, sc, d, dmin = _kq_raw(ptr, rbase + sb * BS, c, TYPE)
-                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff)[None], c, ONE, TYPE)
-        return tl.sum(tl.sum(acc, axis=2), axis=1)
-    else:  # IQ2_XXS: tile [group g, run l, word w, byte b]: value 32g + 8l + 4w + b (rows folded into g)
-        j = tl.arange(0, BR * 8)
-        g = j % 8
-        gbase = expert_off + (row0 + j // 8).to(tl.int64) * (NSB * 66) + 8 * g     # group fields, minus 2
-        xoff = ((32 * g)[:, None, None, None] + 8 * tl.arange(0, 4)[None, :, None, None]
+                acc = _kq_dot(acc, w, sc, d, dmin, tl.load(x_ptr + sb * 256 + xoff), c, ONE, TYPE)
+        return tl.sum(tl.sum(acc, axis=1), axis=0)
+    else:  # IQ2_XXS: tile [group g, run l, row, word w, byte b]: value 32g + 8l + 4w + b of each row's block
+        rb = expert_off + (row0 + tl.arange(0, BR)).to(tl.int64) * (NSB * 66)
+        xoff = ((32 * tl.arange(0, 8))[:, None, None, None] + 8 * tl.arange(0, 4)[None, :, None, None]
                 + 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :])
-        acc = tl.zeros([BR * 8, 4, 2, 4], tl.float32)
+        acc = tl.zeros([8, 4, BR], tl.float32)
         if PREFETCH:
-            lo, hi, d, idx = _iq2_raw(ptr, gbase, g, 0)
+            lo, hi, d, idx = _iq2_raw(ptr, rb, 0)
             for sb in range(0, NSB):
-                nlo, nhi, nd, nidx = _iq2_raw(ptr, gbase, g, tl.minimum(sb + 1, NSB - 1))
-                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
-                               BR * 8)
+                nlo, nhi, nd, nidx = _iq2_raw(ptr, rb, tl.minimum(sb + 1, NSB - 1))
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE)
                 lo, hi, d, idx = nlo, nhi, nd, nidx
         else:
             for sb in range(0, NSB):
-                lo, hi, d, idx = _iq2_raw(ptr, gbase, g, sb)
-                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE,
-                               BR * 8)
-        return tl.sum(tl.reshape(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), (BR, 8)), axis=1)
+                lo, hi, d, idx = _iq2_raw(ptr, rb, sb)
+                acc = _iq2_dot(acc, lo, hi, d, idx, tl.load(x_ptr + sb * 256 + xoff), grid_ptr, ksigns_ptr, ONE)
+        return tl.sum(tl.sum(acc, axis=1), axis=0)
 
 
 @triton.jit

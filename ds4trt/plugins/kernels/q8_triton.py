@@ -15,7 +15,8 @@ is bit-exact.
 
 T <= 4: float32 FMA (_q8_rows), lanes along each block's quants so that loads are coalesced, each block decoded
 once for the T rows; when N is small the K range is split over several programs (at least MIN_PROGRAMS in
-all) and the partial sums are added in a fixed order afterwards (deterministic; no atomics).
+all), and the last program of each row tile to finish adds the partial sums in a fixed order (deterministic: an
+atomic counter says which program is last, the sum does not depend on it).
 T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
@@ -61,13 +62,16 @@ def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr, NB: tl.co
 
 
 @triton.jit
-def _q8_rows(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr,
-             STEPS: tl.constexpr, EXACT: tl.constexpr, TP: tl.constexpr):
-    """Partial out[split, 0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS
-    steps of NB blocks from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked,
-    which costs selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as
-    16 uint16 (coalesced), through a uint16 pointer indexed in elements. Each block is decoded once for all x
-    rows; one accumulator per x row (explicit, so that no tile grows a row axis)."""
+def _q8_rows(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, NKB: tl.constexpr,
+             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, EXACT: tl.constexpr, TP: tl.constexpr):
+    """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of NB
+    blocks from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked, which costs
+    selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as 16 uint16
+    (coalesced), through a uint16 pointer indexed in elements. Each block is decoded once for all x rows; one
+    accumulator per x row (explicit, so that no tile grows a row axis).
+    SPLITS > 1: each program stores its partial sums in part[split] and counts itself in cnt[i] (an atomic); the
+    last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
+    back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it)."""
     row0 = tl.program_id(0) * BR
     kb0 = tl.program_id(1) * STEPS
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
@@ -107,7 +111,7 @@ def _q8_rows(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, B
         if TP > 3:
             acc3 += tl.sum(val * tl.load(xp + 3 * xs, mask=xm, other=0.0)[None], axis=3)
     out_rows = row0 + tl.arange(0, BR)
-    o = out_ptr + tl.program_id(1).to(tl.int64) * (TP * N) + out_rows
+    o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
     omask = out_rows < N
     tl.store(o, tl.sum(tl.sum(acc0, axis=2), axis=1), mask=omask)
     if TP > 1:
@@ -116,6 +120,17 @@ def _q8_rows(x_ptr, w_ptr, out_ptr, N, rows_per_group, ONE, NKB: tl.constexpr, B
         tl.store(o + 2 * N, tl.sum(tl.sum(acc2, axis=2), axis=1), mask=omask)
     if TP > 3:
         tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=2), axis=1), mask=omask)
+    if SPLITS > 1:
+        tl.debug_barrier()                          # every thread's partial is stored before the count (release)
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            for t in tl.static_range(TP):
+                total = tl.zeros([BR], tl.float32)
+                for split in tl.static_range(SPLITS):     # .cg: from L2, never a stale line of this SM's L1
+                    total += tl.load(part_ptr + (split * TP + t) * N + out_rows, mask=omask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptr + t * N + out_rows, total, mask=omask)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 
 
 @triton.jit
@@ -138,6 +153,19 @@ def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexp
     out_rows = row0 + tl.arange(0, BR)
     tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], acc,
              mask=(out_rows < N)[:, None] & tmask[None, :])
+
+
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """int32 [MIN_PROGRAMS] zeros per device: the arrival counts of split row tiles (a call splits only when it has
+    fewer than MIN_PROGRAMS tiles, and leaves them at zero). Made on a device's first call, which runs before any
+    CUDA graph capture (the backends warm every shape up eagerly)."""
+    key = str(device)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(MIN_PROGRAMS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
@@ -168,10 +196,9 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
         want = min(steps_total, triton.cdiv(MIN_PROGRAMS, tiles))
         splits = max(s for s in range(1, want + 1) if steps_total % s == 0)      # a divisor: no partial split
         part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
-        _q8_rows[(tiles, splits)](x, w_blocks, part, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br,
-                                  STEPS=steps_total // splits, EXACT=(K // QK) % NB_STEP == 0, TP=T, num_warps=warps)
-        if splits > 1:
-            torch.sum(part, dim=0, out=out)
+        _q8_rows[(tiles, splits)](x, w_blocks, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
+                                  NKB=K // QK, BR=br, STEPS=steps_total // splits, SPLITS=splits,
+                                  EXACT=(K // QK) % NB_STEP == 0, TP=T, num_warps=warps)
         return out
     br, warps = config or (MMA_BR, MMA_WARPS)
     while groups > 1 and rows_per_group % br and br > 16:
