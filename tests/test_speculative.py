@@ -30,6 +30,7 @@ import torch
 
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.weights import load_mtp
+from ds4trt.model.state import LayerRows
 from ds4trt.runtime.cache import CacheState
 from ds4trt.runtime.session import PREFILL_CHUNK, Engine
 from ds4trt.runtime.speculative import MTPDrafter
@@ -903,3 +904,41 @@ def test_rewind_noop_and_bounds(m4):
     assert got == m4.greedy(prompt, 16)[10:]
     with pytest.raises(Exception):
         s.rewind(s.pos + 1)
+
+
+def _write_layer_by_layer(cache: CacheState, rows, n: int, start: int) -> None:
+    """The commit semantics, one layer and one row at a time (the reference for CacheState.write)."""
+    for layer, r, ratio in zip(cache.layers, rows, cache.ratios):
+        for name, t in layer.tensors().items():
+            cap = t.shape[0]
+            for i in range(n):
+                p = start + i
+                if name in ("comp", "index"):
+                    t[(p + 1) // ratio - 1 if (p + 1) % ratio == 0 else cap - 1] = getattr(r, name)[i]
+                elif i >= n - min(n, cap):
+                    t[p % cap] = getattr(r, name)[i]
+
+
+def test_cache_write_by_groups_matches_layer_by_layer():
+    """CacheState.write commits the layers of one field, shape and ratio with one index_copy_ over their shared
+    storage; the result must equal writing each layer's rows one by one, for commits shorter and longer than
+    the rings, and also after a layer's tensor was replaced (as a TensorRT engine's adopt() does)."""
+    cfg = tiny_config(compress_ratios=(0, 4, 128, 4, 128, 0))
+    ctx, T = 300, 9
+    gen = torch.Generator().manual_seed(7)
+    got, want = CacheState(cfg, ctx, dtype=torch.float64), CacheState(cfg, ctx, dtype=torch.float64)
+    assert any(len(g.members) > 1 for g in got.groups)
+    replaced = got.layers[3].index_kv.clone()
+    got.layers[3].index_kv = replaced                  # no longer a view of its group's storage
+    pos = 0
+    for n in (1, 3, 9, 2, 9, 9, 1, 5, 9, 9, 9, 7):   # crosses positions 4k-1, 127 and the 8-slot rings
+        rows = [LayerRows(**{name: torch.randn(T, t.shape[1], dtype=torch.float64, generator=gen)
+                             for name, t in layer.tensors().items()}) for layer in got.layers]
+        got.write(rows, n, torch.tensor(pos))
+        _write_layer_by_layer(want, rows, n, pos)
+        pos += n
+        for (name, a), b in zip(got.tensors().items(), want.tensors().values()):
+            if name.endswith(("comp", "index")):       # the spare last row takes every non-emitting row
+                a, b = a[:-1], b[:-1]
+            assert torch.equal(a, b), (n, pos, name)
+    assert got.layers[3].index_kv is replaced and not torch.equal(replaced, torch.zeros_like(replaced))
