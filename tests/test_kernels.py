@@ -347,25 +347,8 @@ def test_every_variant_compiles_for_sm90():
         import os, sys
         os.environ.pop("TRITON_INTERPRET", None)
         import torch
-        from triton.backends.compiler import GPUTarget
-        from triton.backends.driver import DriverBase
-        from triton.runtime import driver
-
-        class Sm90(DriverBase):
-            def __init__(self): pass
-            @classmethod
-            def is_active(cls): return True
-            def map_python_to_cpp_type(self, ty): return ty
-            def get_current_target(self): return GPUTarget("cuda", 90, 32)
-            def get_current_device(self): return 0
-            def get_current_stream(self, device=None): return 0
-            def get_active_torch_device(self): return torch.device("cpu")
-            def get_benchmarker(self): raise NotImplementedError
-            def get_device_interface(self): raise NotImplementedError
-            def get_empty_cache_for_benchmark(self): raise NotImplementedError
-            def clear_cache(self, cache): pass
-
-        driver.set_active(Sm90())
+        from ds4trt.testing.sm90 import activate, sass_stats
+        activate()
         from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
         from bench_kernels import LONG_SWEEP
@@ -437,16 +420,7 @@ def test_every_variant_compiles_for_sm90():
                DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, grid=(1,)))
         # the decode kernels (one-pair MoE, Q8_0 for T <= 4) at their default launch shapes must not spill registers
         # to local memory (the multi-pair MoE kernels do: see the closing notes; not asserted here)
-        import re, subprocess, tempfile
-        from triton.backends import nvidia
-        cuobjdump = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
-        def spills(k):
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(k.asm["cubin"])
-                f.flush()
-                sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-            assert "FFMA" in sass or "HGMMA" in sass or "HMMA" in sass, sass[:300]    # really disassembled
-            return len(re.findall(r"\b(?:STL|LDL)\b", sass))
+        spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10)):
             (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
             k = M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 1, 1, 10.0,

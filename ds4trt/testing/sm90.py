@@ -1,0 +1,101 @@
+"""Compile Triton kernels for the H200 (sm_90) on a machine without a GPU, and read what ptxas made of them.
+
+    activate()                                   # in a process where TRITON_INTERPRET is unset, before any .warmup
+    k = kernel.warmup(*args, grid=(1,), **constexprs, num_warps=4)     # compiles, never runs
+    sass_stats(k) -> {"regs": 127, "spills": 0, "instructions": 1936, "FFMA": 352, "LDG": 78, ...}
+
+activate() swaps Triton's active driver for a stand-in that answers sm_90; compilation then uses the ptxas
+shipped in the triton wheel, and sass_stats disassembles the cubin with the wheel's cuobjdump. Used by the
+offline compile check of tests/test_kernels.py and by scripts/sass_report.py (launch shapes, layouts, spills).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+# SASS opcodes counted by sass_stats (prefix match: LDG counts LDG.E.U16, LDG.E.128, ...)
+OPCODES = ("FFMA", "LDG", "LDS", "LDSM", "STS", "BAR", "SHFL", "STL", "LDL", "HGMMA", "HMMA")
+
+
+def activate() -> None:
+    """Make Triton compile for sm_90 with no GPU present (the process must not use the interpreter)."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("sm90.activate(): unset TRITON_INTERPRET first (the interpreter compiles nothing)")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.runtime import driver
+
+    class Sm90(DriverBase):
+        def __init__(self):
+            pass
+
+        @classmethod
+        def is_active(cls):
+            return True
+
+        def map_python_to_cpp_type(self, ty):
+            return ty
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+        def get_benchmarker(self):
+            raise NotImplementedError
+
+        def get_device_interface(self):
+            raise NotImplementedError
+
+        def get_empty_cache_for_benchmark(self):
+            raise NotImplementedError
+
+        def clear_cache(self, cache):
+            pass
+
+    driver.set_active(Sm90())
+
+
+def _nvidia_tool(name: str) -> str:
+    from triton.backends import nvidia
+    return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
+
+
+def sass(kernel) -> str:
+    """The SASS of a compiled kernel (its cubin disassembled)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([_nvidia_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def sass_stats(kernel) -> dict:
+    """Registers per thread, spills (STL + LDL), shared memory bytes, instruction count and OPCODES counts."""
+    code = sass(kernel)
+    if "FFMA" not in code and "MMA" not in code:
+        raise RuntimeError(f"sm90.sass_stats: no FFMA/MMA in the disassembly of {kernel.metadata.name}")
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", code, re.M)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        res = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    regs = re.search(r"REG:(\d+)", res)
+    out = dict(regs=int(regs.group(1)) if regs else -1, shared=kernel.metadata.shared, instructions=len(ops))
+    for op in OPCODES:
+        out[op] = sum(1 for o in ops if o == op or o.startswith(op + "."))
+    out["spills"] = out["STL"] + out["LDL"]
+    return out

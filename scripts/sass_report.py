@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""What ptxas makes of the decode kernels for the H200 (sm_90), on a machine without a GPU.
+
+    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--dump DIR]
+
+For each launch shape (default: the current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
+kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths and prints registers per thread, spills,
+shared memory and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
+writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR.
+Instruction counts are static (the loop bodies are not multiplied out); compare variants of one kernel.
+Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from ds4trt.testing import sm90  # noqa: E402
+
+D, F, Q2_K, Q4_K, IQ2_XXS = 4096, 2048, 10, 12, 16
+
+
+def shape(text: str) -> tuple:
+    parts = text.split(":")
+    return tuple(p == "1" if i == 2 else int(p) for i, p in enumerate(parts))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
+    ap.add_argument("--q8", nargs="*", type=shape, default=None, help="Q8_0 T=1 shapes rows:warps")
+    ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
+    args = ap.parse_args()
+    sm90.activate()
+    from ds4trt.plugins.kernels import moe_triton as M
+    from ds4trt.plugins.kernels import q8_triton as Q
+
+    u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
+    i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
+    rows = []
+
+    def report(label: str, k) -> None:
+        st = sm90.sass_stats(k)
+        rows.append((label, st))
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, label + ".ttgir"), "w") as f:
+                f.write(k.asm["ttgir"])
+            with open(os.path.join(args.dump, label + ".sass"), "w") as f:
+                f.write(sm90.sass(k))
+
+    for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
+        configs = args.moe or [M.SINGLE_CONFIG[gate][:2] + (M.SINGLE_CONFIG[gate][3],)]
+        for br, warps, pf in configs:
+            ge = F * D // 256 * M.LAYOUT[gate][0]
+            de = D * F // 256 * M.LAYOUT[down][0]
+            report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}", M._moe_gateup_single.warmup(
+                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ge, 10.0, M.ONE_BITS, NSB=D // 256,
+                GT=gate, UT=gate, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=warps, grid=(1,)))
+            report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
+                f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
+                COMPACT=False, num_warps=warps, grid=(1,)))
+    for br, warps in args.q8 or [Q.ROWS_CONFIG[1]]:
+        for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
+            tiles, steps = -(-n // br), k // 32 // Q.NB_STEP
+            want = min(steps, -(-Q.MIN_PROGRAMS // tiles))
+            splits = max(s for s in range(1, want + 1) if steps % s == 0)
+            report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
+                f32, u8, f32, f32, i32, n, n, Q.ONE_BITS, NKB=k // 32, BR=br, STEPS=steps // splits, SPLITS=splits,
+                EXACT=True, TP=1, num_warps=warps, grid=(1,)))
+    cols = ("regs", "spills", "shared", "instructions") + tuple(o for o in sm90.OPCODES if o not in ("STL", "LDL"))
+    width = {c: max(6, len(c)) + 1 for c in cols}
+    print(f"{'kernel':30s}" + "".join(f"{c:>{width[c]}s}" for c in cols))
+    for label, st in rows:
+        print(f"{label:30s}" + "".join(f"{st[c]:{width[c]}d}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
