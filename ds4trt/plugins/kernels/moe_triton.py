@@ -190,13 +190,6 @@ def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.c
 
 
 @triton.jit
-def _expand4(w):
-    """[R, NW] words -> [R, NW, 4]: each word repeated for its 4 bytes (in-thread copies, no data movement)."""
-    w = tl.join(w, w)
-    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], 4))
-
-
-@triton.jit
 def _to_bit(w, b, T: tl.constexpr):
     """Shift byte b of w to bit T. b is an arange over an in-thread dimension, so each register's shift is a
     compile-time constant and the select folds away."""
@@ -204,10 +197,10 @@ def _to_bit(w, b, T: tl.constexpr):
 
 
 @triton.jit
-def _expand4_3d(w):
-    """[A, B, C] words -> [A, B, C, 4]: each word repeated for its 4 bytes (in-thread copies)."""
+def _expand4(w):
+    """[..., E] words -> [..., E, 4]: each word repeated for its 4 bytes (in-thread copies, no data movement)."""
     w = tl.join(w, w)
-    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], w.shape[2], 4))
+    return tl.reshape(tl.join(w, w), w.shape[:-1] + (4,))
 
 
 @triton.jit
@@ -252,12 +245,12 @@ def _kq_dot(acc, w, sc, d, dmin, x, c, ONE, TYPE: tl.constexpr):
     dmin = _f16_bits(dmin)[None, :]
     if TYPE == 10:
         w = w >> (2 * ((c >> 1) & 3))[:, None, None]
-        f = ((_to_bit(_expand4_3d(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/4
+        f = ((_to_bit(_expand4(w), b, 21) & 0x00600000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/4
         a = 4.0 * d * (sc & 15).to(tl.float32)
         bb = -(a + dmin * (sc >> 4).to(tl.float32))
     else:
         w = w >> (4 * (c & 1))[:, None, None]
-        f = ((_to_bit(_expand4_3d(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/16
+        f = ((_to_bit(_expand4(w), b, 19) & 0x00780000) | ONE).to(tl.float32, bitcast=True)     # 1 + q/16
         bs = sc & 255
         bs4 = (sc >> 8) & 255
         bsm4 = (sc >> 16) & 255
@@ -285,13 +278,6 @@ def _iq2_raw(ptr, rb, sb):
 
 
 @triton.jit
-def _expand4_4d(w):
-    """[A, B, C, E] words -> [A, B, C, E, 4]: each word repeated for its 4 bytes (in-thread copies)."""
-    w = tl.join(w, w)
-    return tl.reshape(tl.join(w, w), (w.shape[0], w.shape[1], w.shape[2], w.shape[3], 4))
-
-
-@triton.jit
 def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE):
     """acc [8, 4, BR] += per group g, run l and row, the sum of the run's 8 values times x [8, 4, 2, 4] (value
     32g + 8l + 4w + b of the block).
@@ -305,8 +291,8 @@ def _iq2_dot(acc, lo, hi, d, idx, x, grid_ptr, ksigns_ptr, ONE):
     sidx = ((lo | (hi << 16))[:, None, :] >> (7 * l)) & 127
     codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF                                    # [8, 4, BR]
     signs = tl.load(ksigns_ptr + sidx).to(tl.int32)
-    cw = _expand4_4d(tl.join(codes, codes >> 8))                                             # [8, 4, BR, 2, 4]
-    sw = _expand4_4d(tl.join(signs, signs >> 4))
+    cw = _expand4(tl.join(codes, codes >> 8))                                             # [8, 4, BR, 2, 4]
+    sw = _expand4(tl.join(signs, signs >> 4))
     f = (((cw << (21 - 2 * b4)) & 0x00600000) | ONE).to(tl.float32, bitcast=True)             # 1 + code/4
     a8 = (8.0 * dl)[:, None, :, None, None]
     a50 = (50.0 * dl)[:, None, :, None, None]
