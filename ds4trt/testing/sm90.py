@@ -73,27 +73,26 @@ def _nvidia_tool(name: str) -> str:
     return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
 
 
-def sass(kernel) -> str:
-    """The SASS of a compiled kernel (its cubin disassembled)."""
+def _cuobjdump(kernel, *flags: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        return subprocess.run([_nvidia_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+        return subprocess.run([_nvidia_tool("cuobjdump"), *flags, f.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def sass(kernel) -> str:
+    """The SASS of a compiled kernel (its cubin disassembled)."""
+    return _cuobjdump(kernel, "-sass")
 
 
 def sass_stats(kernel) -> dict:
     """Registers per thread, spills (STL + LDL), shared memory bytes, instruction count and OPCODES counts."""
-    code = sass(kernel)
+    code = _cuobjdump(kernel, "-res-usage", "-sass")                    # the resource line, then the SASS
     if "FFMA" not in code and "MMA" not in code:
         raise RuntimeError(f"sm90.sass_stats: no FFMA/MMA in the disassembly of {kernel.metadata.name}")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", code, re.M)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        res = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    regs = re.search(r"REG:(\d+)", res)
+    regs = re.search(r"REG:(\d+)", code)
     out = dict(regs=int(regs.group(1)) if regs else -1, shared=kernel.metadata.shared, instructions=len(ops))
     for op in OPCODES:
         out[op] = sum(1 for o in ops if o == op or o.startswith(op + "."))
