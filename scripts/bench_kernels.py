@@ -48,6 +48,12 @@ MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
 TS = (1, 2, 3, 4, 8, 16)
 # (CAP, rows per program, warps, stages) of the multi-pair kernels in long (prefill) calls, swept while the budget lasts
 LONG_SWEEP = ((32, 64, 8, 2), (64, 32, 8, 1), (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 8, 1))
+# (rows per program, warps, register cap, prefetch) of the one-pair MoE kernels at T = 1, each block type in turn
+SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
+                (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
+                (64, 8, None, False))
+# (rows per program, warps) of the Q8_0 kernel, by T
+Q8_SWEEP = {1: ((32, 8), (64, 8), (32, 4), (16, 8)), 4: ((32, 8), (16, 4), (8, 4))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -154,9 +160,7 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             if sweeps is not None and routing == "random" and T == 1:
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults
                 for t in sorted(set(types)):
-                    for cfg in ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
-                                (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
-                                (64, 8, None, False)):
+                    for cfg in SINGLE_SWEEP:
                         if cfg == M.SINGLE_CONFIG[t]:
                             continue
                         sc = {t: cfg}
@@ -215,7 +219,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
             if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp", "output"):
-                for cfg in (((32, 8), (64, 8), (32, 4), (16, 8)) if T == 1 else ((32, 8), (16, 4), (8, 4))):
+                for cfg in Q8_SWEEP[T]:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))

@@ -351,7 +351,7 @@ def test_every_variant_compiles_for_sm90():
         activate()
         from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
-        from bench_kernels import LONG_SWEEP
+        from bench_kernels import LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
         u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
         i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
@@ -402,12 +402,15 @@ def test_every_variant_compiles_for_sm90():
             ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
-        for br, w, pf in ((16, 4, False), (32, 4, False), (32, 8, True), (64, 8, False)):
+        for br, w, _, pf in SINGLE_SWEEP:
             for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
                 ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
                    2048 * bs, 2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, COMPACT=False,
                    num_warps=w, grid=(1,)))
-        for T, configs in ((1, ((32, 8), (64, 8), (32, 4), (16, 8))), (4, ((32, 8), (16, 4), (8, 4)))):
+                if t != 16:                           # the down kernels (Q2_K, Q4_K)
+                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 4096 * bs // 2,
+                       M.ONE_BITS, NSB=8, DT=t, BR=br, DPF=pf, COMPACT=False, num_warps=w, grid=(1,)))
+        for T, configs in Q8_SWEEP.items():
             for br, w in configs:
                 ok(Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2,
                                      SPLITS=8, EXACT=True, TP=T, num_warps=w, grid=(1,)))
