@@ -69,9 +69,7 @@ def main() -> int:
                 COMPACT=False, num_warps=warps, grid=(1,)))
     for br, warps in args.q8 or [Q.ROWS_CONFIG[1]]:
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
-            tiles, steps = -(-n // br), k // 32 // Q.NB_STEP
-            want = min(steps, -(-Q.MIN_PROGRAMS // tiles))
-            splits = max(s for s in range(1, want + 1) if steps % s == 0)
+            _, steps, splits = Q.row_launch(n, k, br)
             report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
                 f32, u8, f32, f32, i32, n, n, Q.ONE_BITS, NKB=k // 32, BR=br, STEPS=steps // splits, SPLITS=splits,
                 EXACT=True, TP=1, num_warps=warps, grid=(1,)))

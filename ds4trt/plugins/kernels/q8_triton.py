@@ -168,6 +168,14 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
+def row_launch(N: int, K: int, br: int) -> tuple[int, int, int]:
+    """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
+    K is split until there are MIN_PROGRAMS programs, by a divisor of the steps (no partial split)."""
+    tiles, steps = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
+    want = min(steps, triton.cdiv(MIN_PROGRAMS, tiles))
+    return tiles, steps, max(s for s in range(1, want + 1) if steps % s == 0)
+
+
 def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
               out: torch.Tensor | None = None, config: tuple[int, int] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N]
@@ -192,9 +200,7 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
         br, warps = config or ROWS_CONFIG[T]
         if groups > 1 and rows_per_group % br:
             raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-        tiles, steps_total = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
-        want = min(steps_total, triton.cdiv(MIN_PROGRAMS, tiles))
-        splits = max(s for s in range(1, want + 1) if steps_total % s == 0)      # a divisor: no partial split
+        tiles, steps_total, splits = row_launch(N, K, br)
         part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
         _q8_rows[(tiles, splits)](x, w_blocks, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
                                   NKB=K // QK, BR=br, STEPS=steps_total // splits, SPLITS=splits,
