@@ -78,9 +78,8 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
-# Since the tiles put the rows last (_iq2_dot), the H200 sweep (one type changed at a time from 32 x 4 / 16 x 4 without
-# prefetch: q2 T = 1 99.1 us, q4 77.4 us) favoured 32 rows x 4 warps with prefetch for every type: Q2_K 87.3 us,
-# IQ2_XXS 90.7, Q4_K 64.8.
+# Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for every type (H200, BENCHMARKS.md:
+# q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us).
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (32, 4, None, True)}
 MULTI_BR, MULTI_WARPS = 64, 8
 # Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""The decode kernels of one Flash layer, three calls each, for Nsight Compute (on the H200):
+
+    ncu -k regex:"_moe_|_q8_" --section SpeedOfLight --section Occupancy --section LaunchStats \\
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \\
+        python3 scripts/ncu_layer.py
+
+Runs ds4::MoE (q2 mix, T = 1, random experts) and two Q8_0 products at T = 1 (attn_q_b 32768 x 1024,
+ffn_gate_shexp 2048 x 4096) on synthetic blocks (scripts/bench_kernels.random_blocks). ncu locks the clocks
+(SM ~1.5 GHz), so its durations are longer than bench_kernels.py's; read its ratios (L1 / DRAM throughput,
+occupancy, stall reasons), not its times.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_kernels import CLAMP, D, E, F, K_SLOTS, MIXES, random_blocks  # noqa: E402
+
+from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
+from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+
+types = MIXES["q2"]
+blocks = [random_blocks(t, r, c, lead=E).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
+v = torch.randn(1, D, device="cuda") * 3
+ids = torch.randperm(E, device="cuda")[:K_SLOTS][None]
+w = torch.rand(1, K_SLOTS, device="cuda") * 0.9 + 0.1
+for _ in range(3):
+    M.moe_forward(v, ids, w, *blocks, *types, CLAMP)
+for N, K in ((32768, 1024), (2048, 4096)):
+    wb = random_blocks(8, N, K)[0]
+    x = torch.randn(1, K, device="cuda")
+    for _ in range(3):
+        Q.q8_matmul(x, wb, N, K)
+torch.cuda.synchronize()
