@@ -138,6 +138,8 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
                          "kernels by GPU time")
+    ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
+                                    "order (tab-separated: microseconds, name)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -232,6 +234,12 @@ def main() -> int:
             busy_us = sum(e.time_range.elapsed_us() for e in kernels) / 5
             log(f"decode step, profiled: {len(kernels) / 5:.0f} GPU kernels and copies per step, {busy_us / 1e3:.3f} ms "
                 f"of them busy ({cfg.n_layer} layers: {len(kernels) / 5 / cfg.n_layer:.1f} per layer)")
+            if args.trace:
+                ordered = sorted(kernels, key=lambda e: e.time_range.start)
+                n = len(ordered) // 5
+                with open(args.trace, "w") as f:
+                    for e in ordered[2 * n:3 * n]:                     # the third step
+                        f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

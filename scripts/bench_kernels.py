@@ -53,7 +53,7 @@ SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), 
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
                 (64, 8, None, False))
 # (rows per program, warps) of the Q8_0 kernel, by T
-Q8_SWEEP = {1: ((32, 8), (64, 8), (32, 4), (16, 8)), 4: ((32, 8), (16, 4), (8, 4))}
+Q8_SWEEP = {1: ((16, 4), (64, 4), (64, 8), (128, 8), (32, 8)), 4: ((32, 8), (16, 8), (32, 4), (8, 4))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -206,14 +206,14 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
     for name, N, K, G in Q8_LAYER + [LM_HEAD]:
         wbytes = N * K // 32 * 34
         C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
-        ws = [random_blocks(8, N, K, gen=gen).view(N, -1) for _ in range(C)]
+        ws = [Q.split_q8(random_blocks(8, N, K, gen=gen), N, K) for _ in range(C)]
         for T in (1, 4):
             x = torch.randn(T, G * K, device=DEV, generator=gen)
             out = torch.empty(T, N, device=DEV)
 
             def fn(x=x, out=out, ws=ws, N=N, K=K, G=G, config=None):
                 for w in ws:
-                    Q.q8_matmul(x, w, N, K, groups=G, out=out, config=config)
+                    Q.q8_matmul(x, *w, K, groups=G, out=out, config=config)
             nbytes = wbytes + x.numel() * 4 + out.numel() * 4
             label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(

@@ -30,8 +30,8 @@ w = torch.rand(1, K_SLOTS, device="cuda") * 0.9 + 0.1
 for _ in range(3):
     M.moe_forward(v, ids, w, *blocks, *types, CLAMP)
 for N, K in ((32768, 1024), (2048, 4096)):
-    wb = random_blocks(8, N, K)[0]
+    qs = Q.split_q8(random_blocks(8, N, K)[0], N, K)
     x = torch.randn(1, K, device="cuda")
     for _ in range(3):
-        Q.q8_matmul(x, wb, N, K)
+        Q.q8_matmul(x, *qs, K)
 torch.cuda.synchronize()

@@ -42,7 +42,7 @@ def main() -> int:
     from ds4trt.plugins.kernels import moe_triton as M
     from ds4trt.plugins.kernels import q8_triton as Q
 
-    u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
+    u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
     i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
     rows = []
 
@@ -71,8 +71,8 @@ def main() -> int:
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
             _, steps, splits = Q.row_launch(n, k, br)
             report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
-                f32, u8, f32, f32, i32, n, n, Q.ONE_BITS, NKB=k // 32, BR=br, STEPS=steps // splits, SPLITS=splits,
-                EXACT=True, TP=1, num_warps=warps, grid=(1,)))
+                f32, u8, f16, f32, f32, i32, n, n, Q.ONE_BITS, K=k, BR=br, STEPS=steps // splits, SPLITS=splits,
+                TP=1, num_warps=warps, grid=(1,)))
     cols = ("regs", "spills", "shared", "instructions") + tuple(o for o in sm90.OPCODES if o not in ("STL", "LDL"))
     width = {c: max(6, len(c)) + 1 for c in cols}
     print(f"{'kernel':30s}" + "".join(f"{c:>{width[c]}s}" for c in cols))

@@ -25,6 +25,7 @@ from ds4trt.runtime.session import PREFILL_CHUNK, Engine
 from tiny_engines import PROMPT, greedy, tiny_files
 
 if HAVE_TRITON:
+    from ds4trt.plugins.kernels import q8_triton
     from ds4trt.runtime.backends import cuda
 
 torch.set_num_threads(1)
@@ -46,9 +47,9 @@ def _q8_blocks(rng, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @needs_triton
-def test_dequantize_q8_is_exact():
+def test_split_q8_dequantizes_exactly():
     blocks, ref = _q8_blocks(np.random.default_rng(1), 48, 96)
-    got = cuda.dequantize_q8(torch.from_numpy(blocks), 96)
+    got = q8_triton.dequantize(*q8_triton.split_q8(torch.from_numpy(blocks), 48, 96), 96)
     assert torch.equal(got, torch.from_numpy(ref))
 
 

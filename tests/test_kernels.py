@@ -280,11 +280,12 @@ def _q8_check(Ts, N, K, groups, seed):
     wd = _q8_float64(wb_dev, K)
     assert torch.equal(wd[:64].cpu(), torch.from_numpy(_deq(wb[:64], Q8_0)).double())   # the formula is gguf's
     rpg = N // groups
+    quants, scales = q8_triton.split_q8(wb_dev, N, K)
     for T in Ts:
         x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32)).to(DEVICE)
         ref = torch.cat([x[:, g * K:(g + 1) * K].double() @ wd[g * rpg:(g + 1) * rpg].T for g in range(groups)], 1)
         out = _nan(T, N)
-        got = q8_triton.q8_matmul(x, wb_dev, N, K, groups=groups, out=out)
+        got = q8_triton.q8_matmul(x, quants, scales, K, groups=groups, out=out)
         assert got.data_ptr() == out.data_ptr()
         assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         err = _rel(got, ref)
@@ -334,6 +335,32 @@ def test_hc_mix_vs_float64(T):
         assert _rel(a, b) <= TOL, f"{name}: relative error {_rel(a, b):.2e}"
 
 
+@pytest.mark.parametrize("D", [96, 4096] if GPU else [96, 1056])
+def test_hc_pre_vs_float64(D):
+    """The fused hc_pre kernel against model/hc.py hc_pre in float64 on fresh random streams: D = 4096 is Flash
+    (32 programs of 512 inputs per token, 8 of 512 outputs), D = 96 leaves most programs without inputs, 1056 a
+    partial last step and a partial block of outputs."""
+    from ds4trt.model.hc import hc_pre
+
+    g = torch.Generator().manual_seed(_seed("hc_pre", D))
+    S, M = 4, 24
+    for T in (T_GPU if GPU else (1, 3)):
+        X = torch.randn(T, S, D, generator=g) * 2
+        fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
+        scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
+        want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
+        got = hc_triton.hc_pre_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6, 1e-6, 20)
+        for name, a, b in zip(("y", "post", "comb"), got, want):
+            assert a.shape == b.shape, name
+            assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
+
+
+def test_hc_pre_refuses_long_steps():
+    X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
+        hc_triton.hc_pre_triton(X, torch.zeros(24, 256, device=DEVICE), torch.ones(3), torch.zeros(24), 1e-6, 1e-6, 20)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Compilation for the H200 without one
 
@@ -353,7 +380,7 @@ def test_every_variant_compiles_for_sm90():
         sys.path.insert(0, "scripts")
         from bench_kernels import LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
-        u8, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64)
+        u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
         i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
         n = 0
         def ok(k):
@@ -396,11 +423,16 @@ def test_every_variant_compiles_for_sm90():
         for K in (1024, 4096, 8192, 320):
             for T, (br, w) in Q.ROWS_CONFIG.items():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
-                    ok(Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=br,
-                                         STEPS=steps, SPLITS=splits, EXACT=(K // 32) % 8 == 0, TP=T, num_warps=w,
+                    ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=K, BR=br,
+                                         STEPS=steps, SPLITS=splits, TP=T, num_warps=w,
                                          grid=(1,)))
-            ok(Q._q8_multi.warmup(f32, u8, f32, 8, 4096, 4096, Q.ONE_BITS, NKB=K // 32, BR=Q.MMA_BR,
+            ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
+        from ds4trt.plugins.kernels import hc_triton as H
+        ok(H._hc_dots.warmup(f32, f32, f32, S=4, D=4096, MP=32, SPLITS=H.SPLITS, KC=4 * 4096 // H.SPLITS, KB=H.KB,
+                             num_warps=4, grid=(1,)))
+        ok(H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=4, D=4096, MP=32,
+                                SPLITS=H.SPLITS, DY=H.DY, num_warps=1, grid=(1,)))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
             for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
@@ -412,8 +444,8 @@ def test_every_variant_compiles_for_sm90():
                        M.ONE_BITS, NSB=8, DT=t, BR=br, DPF=pf, COMPACT=False, num_warps=w, grid=(1,)))
         for T, configs in Q8_SWEEP.items():
             for br, w in configs:
-                ok(Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2,
-                                     SPLITS=8, EXACT=True, TP=T, num_warps=w, grid=(1,)))
+                ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
+                                     SPLITS=8, TP=T, num_warps=w, grid=(1,)))
         (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
         for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
             ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
@@ -435,8 +467,8 @@ def test_every_variant_compiles_for_sm90():
             assert spills(k) == 0, ("_moe_down_single spills", dt)
         for T, (br, w) in Q.ROWS_CONFIG.items():
             for splits in (1, 8):
-                k = Q._q8_rows.warmup(f32, u8, f32, f32, i32, 4096, 4096, Q.ONE_BITS, NKB=128, BR=br, STEPS=2,
-                                      SPLITS=splits, EXACT=True, TP=T, num_warps=w, grid=(1,))
+                k = Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
+                                      SPLITS=splits, TP=T, num_warps=w, grid=(1,))
                 assert spills(k) == 0, ("_q8_rows spills", T, splits)
         print("compiled", n)
     """)

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ds4trt.model.attention import Attention, _param
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.linear import Linear
-from ds4trt.model.hc import hc_collapse, hc_mix, hc_post, hc_pre
+from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
 from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache, LayerRows
@@ -52,13 +52,13 @@ class HyperConnection(nn.Module):
     def __init__(self, cfg: ModelConfig, w, prefix: str):
         super().__init__()
         self.cfg = cfg
-        self.mix = hc_mix                # a backend may set a fused kernel with hc_mix's signature
+        self.reduce = hc_pre             # a backend may set a fused kernel with hc_pre's signature
         self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
             _param(w(prefix + "_base.weight"))
 
     def pre(self, X):
         c = self.cfg
-        return hc_pre(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters, self.mix)
+        return self.reduce(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters)
 
 
 class Block(nn.Module):

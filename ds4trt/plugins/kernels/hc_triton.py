@@ -1,11 +1,21 @@
-"""The hyper-connection mixing weights in one Triton kernel (model/hc.py hc_mix): per token, from the S*(2+S)
-mixer outputs m, the pre and post weights and the S x S combination matrix after the Sinkhorn iterations.
+"""Hyper-connection kernels (model/hc.py): the mixing weights of one sublayer input, alone or fused with the whole
+reduction of the S streams.
 
     hc_mix_triton(m [T, (2+S)*S] f32, scale [3], base [(2+S)*S], S, hc_eps, iters) -> pre [T, S], post [T, S],
                                                                                       comb [T, S, S]
+    hc_pre_triton(X [T, S, D] f32, fn [(2+S)*S, S*D] f32, scale, base, rms_eps, hc_eps, iters) -> y [T, D], post,
+                                                                                                  comb
+        model/hc.py hc_pre in two launches, T <= MAX_T.
 
-One program per token keeps the S x S matrix in registers for all the iterations: the eager PyTorch version is
-about 2 * iters small kernels (each row or column normalisation is one reduction), ~40 launches per call.
+hc_mix: one program per token keeps the S x S matrix in registers for all the Sinkhorn iterations (the eager
+PyTorch version is about 2 * iters small kernels, ~40 launches per call).
+hc_pre: the RMS norm of the S*D stream values, their products with the (2+S)*S rows of fn, the mixing and the
+weighted sum y = sum_s pre[s] X[s] were 7 kernels in a compiled decode step (~14.5 us, most of it launch gaps).
+Here two: _hc_dots splits the S*D inputs of a token over SPLITS programs (fn is 1.5 MB in float32 at Flash
+width: one SM would need ~10 us to read it), each storing its partial products and sum of squares; _hc_combine,
+one warp per DY outputs, adds the partials in split order (deterministic), mixes (each of a token's programs
+alike: the mixing is a chain of ~40 small reductions, fastest in one warp) and writes its part of y.
+rms_norm(X) @ fn.T = rsqrt(mean(X^2) + eps) * (X @ fn.T): the scale is applied to the sums.
 """
 
 from __future__ import annotations
@@ -14,27 +24,89 @@ import torch
 import triton
 import triton.language as tl
 
+MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, where the launches count)
+SPLITS = 32             # programs per token of the products, each over S*D/SPLITS inputs
+KB = 256                # inputs per loop step
+DY = 512                # outputs y per program of the combination
+
 
 @triton.jit
-def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr):
-    t = tl.program_id(0)
-    M: tl.constexpr = (2 + S) * S
+def _mix(row, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr):
+    """Mixer outputs at row [(2+S)*S] -> pre (returned, and stored), post, comb (stored). Loads bypass L1 (.cg):
+    hc_pre's row was just written by other threads of the program."""
     i = tl.arange(0, S)
-    row = m_ptr + t * M
     s0, s1, s2 = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
-    pre = tl.sigmoid(tl.load(row + i) * s0 + tl.load(base_ptr + i)) + hc_eps
-    post = 2 * tl.sigmoid(tl.load(row + S + i) * s1 + tl.load(base_ptr + S + i))
+    pre = tl.sigmoid(tl.load(row + i, cache_modifier=".cg") * s0 + tl.load(base_ptr + i)) + hc_eps
+    post = 2 * tl.sigmoid(tl.load(row + S + i, cache_modifier=".cg") * s1 + tl.load(base_ptr + S + i))
     ab = 2 * S + i[:, None] * S + i[None, :]                     # [S, S]: source a, destination b
-    logits = tl.load(row + ab) * s2 + tl.load(base_ptr + ab)
+    logits = tl.load(row + ab, cache_modifier=".cg") * s2 + tl.load(base_ptr + ab)
     e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     comb = e / tl.sum(e, axis=1)[:, None] + hc_eps               # softmax over b
     comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)       # columns
     for _ in tl.static_range(ITERS - 1):
         comb = comb / (tl.sum(comb, axis=1)[:, None] + hc_eps)   # rows
         comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)   # columns
-    tl.store(pre_ptr + t * S + i, pre)
-    tl.store(post_ptr + t * S + i, post)
-    tl.store(comb_ptr + t * S * S + (ab - 2 * S), comb)
+    tl.store(pre_ptr + i, pre)
+    tl.store(post_ptr + i, post)
+    tl.store(comb_ptr + (ab - 2 * S), comb)
+    return pre
+
+
+@triton.jit
+def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr):
+    t = tl.program_id(0)
+    _mix(m_ptr + t * ((2 + S) * S), scale_ptr, base_ptr, pre_ptr + t * S, post_ptr + t * S, comb_ptr + t * S * S,
+         hc_eps, ITERS, S)
+
+
+@triton.jit
+def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
+             KC: tl.constexpr, KB: tl.constexpr):
+    """Program (t, split): inputs split*KC .. split*KC+KC-1 (a multiple of KB; those past S*D masked) of token t's
+    S*D stream values -> part[t, split] = (their MP dot products with the rows of fn, their sum of squares)."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    M: tl.constexpr = (2 + S) * S
+    j = tl.arange(0, MP)
+    x_row = x_ptr + t.to(tl.int64) * (S * D)
+    acc = tl.zeros([MP, KB], tl.float32)
+    sq = tl.zeros([KB], tl.float32)
+    for k0 in range(0, KC, KB):
+        k = sp * KC + k0 + tl.arange(0, KB)
+        x = tl.load(x_row + k, mask=k < S * D, other=0.0)
+        sq += x * x
+        w = tl.load(fn_ptr + j[:, None] * (S * D) + k[None, :], mask=(j < M)[:, None] & (k < S * D)[None, :], other=0.0)
+        acc += w * x[None, :]
+    part = part_ptr + (t * SPLITS + sp) * (MP + 1)
+    tl.store(part + j, tl.sum(acc, axis=1))
+    tl.store(part + MP, tl.sum(sq, axis=0))
+
+
+@triton.jit
+def _hc_combine(x_ptr, part_ptr, m_ptr, scale_ptr, base_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr, rms_eps, hc_eps,
+                ITERS: tl.constexpr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
+                DY: tl.constexpr):
+    """Program (t, c), one warp: adds token t's partials in split order (deterministic), mixes (every program of
+    the token alike; program c = 0 stores m, pre, post and comb, the others a scratch row) and writes
+    y[t, c*DY .. c*DY+DY-1] (its stream values loaded first, so that their latency overlaps the mixing)."""
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    i = tl.arange(0, S)
+    d = c * DY + tl.arange(0, DY)
+    xs = tl.load(x_ptr + t.to(tl.int64) * (S * D) + i[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0)
+    j = tl.arange(0, MP)
+    dots = tl.zeros([MP], tl.float32)
+    total = 0.0
+    for s in tl.static_range(SPLITS):
+        dots += tl.load(part_ptr + (t * SPLITS + s) * (MP + 1) + j)
+        total += tl.load(part_ptr + (t * SPLITS + s) * (MP + 1) + MP)
+    slot = t if c == 0 else tl.num_programs(0) + t * tl.num_programs(1) + c     # this program's own rows
+    row = m_ptr + slot * MP
+    tl.store(row + j, dots * tl.rsqrt(total / (S * D) + rms_eps))
+    tl.debug_barrier()                          # the row is written before _mix reads it
+    pre = _mix(row, scale_ptr, base_ptr, pre_ptr + slot * S, post_ptr + slot * S, comb_ptr + slot * S * S, hc_eps,
+               ITERS, S)
+    tl.store(y_ptr + t * D + d, tl.sum(xs * pre[:, None], axis=0), mask=d < D)
 
 
 def hc_mix_triton(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float, iters: int):
@@ -50,3 +122,31 @@ def hc_mix_triton(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: i
     if T:
         _hc_mix[(T,)](m, scale, base, pre, post, comb, float(hc_eps), ITERS=iters, S=S, num_warps=1)
     return pre, post, comb
+
+
+def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+                  hc_eps: float, iters: int):
+    """model/hc.py hc_pre for float32 X [T, S, D], 1 <= T <= MAX_T, S a power of two -> y [T, D], post [T, S],
+    comb [T, S, S]."""
+    T, S, D = X.shape
+    M = (2 + S) * S
+    if not 1 <= T <= MAX_T or S & (S - 1) or X.dtype != torch.float32 or fn.shape != (M, S * D) \
+            or fn.dtype != torch.float32 or iters < 1:
+        raise ValueError(f"hc_pre_triton: expected X float32 [1..{MAX_T}, S, D] (S a power of two) and fn float32 "
+                         f"[{M}, S*D], got X {X.dtype} {list(X.shape)}, fn {fn.dtype} {list(fn.shape)}, "
+                         f"iters = {iters}")
+    MP = triton.next_power_of_2(M)
+    X, fn = X.contiguous(), fn.contiguous()
+    scale, base = scale.float().contiguous(), base.float().contiguous()
+    ny = triton.cdiv(D, DY)
+    part = torch.empty(T, SPLITS, MP + 1, dtype=torch.float32, device=X.device)
+    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)      # rows of programs c > 0: scratch
+    y = torch.empty(T, D, dtype=torch.float32, device=X.device)
+    pre = torch.empty(T * (1 + ny), S, dtype=torch.float32, device=X.device)
+    post = torch.empty_like(pre)
+    comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
+    _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
+                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4)
+    _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
+                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1)
+    return y, post[:T], comb[:T]

@@ -1,23 +1,28 @@
-"""Q8_0 matrix products in Triton, reading the GGUF blocks directly (attention projections, shared expert,
-LM head): out = x @ W.T for T = 1..16 rows of x.
+"""Q8_0 matrix products in Triton (attention projections, shared expert, LM head): out = x @ W.T for T = 1..16
+rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (split_q8).
 
-    q8_matmul(x [T, G*K] f32, w_blocks uint8 [N, K/32*34], N, K, groups=G, out=None) -> out [T, N] float32
+    split_q8(blocks uint8 [N, K/32*34], N, K) -> quants uint8 [N, KP], scales f16 [N, KP/32]   (KP: K to 256)
+    q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
 
 Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
-Blocks start at multiples of 34 bytes, so they are 2-byte aligned only: quants are read as uint16 pairs.
+In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants are only 2-byte aligned and a
+kernel reading them in place issues one 2-byte load per 2 values (the previous kernel: 33-40 % of the copy
+bandwidth on the big projections). split_q8 keeps the same values, as many bytes (no float copy), in two arrays:
+the scales, and the quants as offset binary (q + 128) with each row's spans of 8 blocks stored word-interleaved:
+word j (quants 4j..4j+3) of block b at word 8j + b. A 16-byte load then holds word j of 4 blocks, and the 4
+scales it needs are one 8-byte load in the same tile layout, so nothing moves between lanes in the loop.
 
-Decoding, per value, is one FFMA: each uint16 pair is xor-ed with 0x8080 (so each byte holds q + 128),
-byte b is moved to bits 15..22 of 1.0f's bit pattern, giving f = 1 + (q + 128)/256, and
-value = f * 256d - 384d = q * d. Both products are exact (9 x 11 significant bits), so the dequantized value
-is bit-exact.
-
-T <= 4: float32 FMA (_q8_rows), lanes along each block's quants so that loads are coalesced, each block decoded
-once for the T rows; when N is small the K range is split over several programs (at least MIN_PROGRAMS in
-all), and the last program of each row tile to finish adds the partial sums in a fixed order (deterministic: an
-atomic counter says which program is last, the sum does not depend on it).
-T > 4: the decoded [BR, 256] tile times x [256, 16] on the tensor cores with input_precision="tf32x3"
+Decoding in the T <= 4 kernel (_q8_rows), per value: byte u = q + 128 is put in the low mantissa bits of 1.0f
+(bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
+f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz), so each product with x is
+one FADD + one FFMA, exact up to the float32 product rounding; the two units are joined per word and the block
+scale d is applied to the word sums. Each word is decoded once for the T rows of x. When N is small the K range
+is split over several programs (at least MIN_PROGRAMS in all), and the last program of each row tile to finish
+adds the partial sums in a fixed order (deterministic: an atomic counter says which program is last, the sum does
+not depend on it).
+T > 4: the decoded [BR, 128] tile times x [128, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
 """
@@ -29,97 +34,73 @@ import triton
 import triton.language as tl
 
 QK, BLOCK_BYTES = 32, 34
-NB_STEP = 8                  # blocks per loop step of the FMA kernels: 256 values
-NB = tl.constexpr(NB_STEP)
+NB_STEP = 8                  # blocks per loop step of the T <= 4 kernel: 256 values, 64 words per row
 MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
-# (rows per program, warps): the FMA kernel by T (1..4) and the tensor-core kernel (T > 4). Chosen from the
-# compiled code (instructions per value, registers, no spills, bytes in flight per SM; T = 2..4 at 16 rows hold
-# 78-97 registers) and the sweeps of scripts/bench_kernels.py: T = 1 at (16, 4) beat (32, 8) on the H200 for
-# attn_q_b, ffn_gate_shexp and the LM head (21.1 / 10.1 / 254 us against 22.1 / 12.1 / 280, 2026-11-29).
-ROWS_CONFIG = {1: (16, 4), 2: (16, 8), 3: (16, 8), 4: (16, 8)}
+LO_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -23)     # f of u = 128 (q = 0) with the byte in bits 0..7
+HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
+# (rows per program, warps): the FMA kernel by T (1..4) and the tensor-core kernel (T > 4). From the sweeps of
+# scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us, LM head 159 us (83 % of
+# the floor), against 15.0 / 167 at (32, 4); T = 4 at (32, 4): attn_q_b 27.9 us, LM head 369 against 32.5 / 402
+# at (16, 4).
+ROWS_CONFIG = {1: (16, 4), 2: (32, 4), 3: (32, 4), 4: (32, 4)}
 MIN_PROGRAMS = 528           # split K until there are at least this many programs (4 per SM on an H200)
 MMA_BR, MMA_WARPS = 64, 4
 
 
 @triton.jit
-def _decode(w_ptr, rows, kb, ONE, NKB: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
-    """Blocks kb*NB .. kb*NB+NB-1 of each row in `rows` ([BR] int32, valid) -> ([BR*NB, 16, 2] float32 values,
-    [BR*NB] block-valid mask). Tile row j = r * NB + block."""
-    j = tl.arange(0, BR * NB)
-    blk = kb * NB + j % NB
-    valid = blk < NKB
-    r = tl.reshape(tl.broadcast_to(rows[:, None], (BR, NB)), (BR * NB,))
-    base = r.to(tl.int64) * (NKB * 34) + tl.where(valid, blk, 0) * 34
-    hw = tl.arange(0, 16)[None, :]
-    q2 = tl.load((w_ptr + (base + 2)[:, None] + 2 * hw).to(tl.pointer_type(tl.uint16))).to(tl.int32) ^ 0x8080
-    q2 = tl.reshape(tl.join(q2, q2), (BR * NB, 16, 2))                 # each pair repeated for its 2 bytes
-    b = tl.arange(0, 2)[None, None, :]
-    f = (((q2 << (15 - 8 * b)) & 0x007F8000) | ONE).to(tl.float32, bitcast=True)   # 1 + (q + 128) / 256
-    d = tl.load((w_ptr + base).to(tl.pointer_type(tl.float16))).to(tl.float32)
-    d = tl.where(valid, d, 0.0)
-    return f * (256.0 * d)[:, None, None] - (384.0 * d)[:, None, None], valid
-
-
-@triton.jit
-def _q8_rows(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, NKB: tl.constexpr,
-             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, EXACT: tl.constexpr, TP: tl.constexpr):
-    """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of NB
-    blocks from split*STEPS*NB on; EXACT: every such block exists (else blocks past NKB are masked, which costs
-    selects per value). Tile [row, block, halfword, byte]: 16 lanes read a block's 32 quant bytes as 16 uint16
-    (coalesced), through a uint16 pointer indexed in elements. Each block is decoded once for all x rows; one
-    accumulator per x row (explicit, so that no tile grows a row axis).
+def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, K: tl.constexpr,
+             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr):
+    """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of 8
+    blocks from split*STEPS*8 on (split_q8's layout: a step is 64 words, word j of block b at 8*j + b).
+    Tile [row, word j, block b]: 4 blocks' word j in one 16-byte load per lane, their 4 scales in one 8-byte load
+    (the same layout, so the products never move between lanes); each word decoded once for all x rows.
     SPLITS > 1: each program stores its partial sums in part[split] and counts itself in cnt[i] (an atomic); the
     last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
     back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it)."""
+    KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     row0 = tl.program_id(0) * BR
     kb0 = tl.program_id(1) * STEPS
-    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
-    K = NKB * 32
+    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
     xs = K * (N // rows_per_group)                                      # stride between x rows
-    p16 = w_ptr.to(tl.pointer_type(tl.uint16))
-    pf16 = w_ptr.to(tl.pointer_type(tl.float16))
-    rbase = rows.to(tl.int64) * (NKB * 17)                              # row start, in 2-byte units
-    blk = tl.arange(0, NB)
-    hw = tl.arange(0, 16)
-    b = tl.arange(0, 2)[None, None, None, :]
+    w_ptr = q_ptr.to(tl.pointer_type(tl.uint32))
+    j = tl.arange(0, 8)[:, None, None]
+    b = tl.arange(0, 8)[None, :, None]
+    woff = (rows * (KP // 4))[None, None, :] + 8 * j + b                               # [8, 8, BR]
+    doff = (rows * (KP // 32))[None, None, :] + b + 0 * j                               # [8, 8, BR]
+    xoff = 32 * b + 4 * j                                                               # [8, 8, 1]: x of byte 0
     x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
-    xoff = (32 * blk)[:, None, None] + 2 * hw[None, :, None] + tl.arange(0, 2)[None, None, :]     # [NB, 16, 2]
-    acc0 = tl.zeros([BR, NB, 16], tl.float32)
-    acc1 = tl.zeros([BR, NB, 16], tl.float32)
-    acc2 = tl.zeros([BR, NB, 16], tl.float32)
-    acc3 = tl.zeros([BR, NB, 16], tl.float32)
+    acc0 = tl.zeros([8, 8, BR], tl.float32)
+    acc1 = tl.zeros([8, 8, BR], tl.float32)
+    acc2 = tl.zeros([8, 8, BR], tl.float32)
+    acc3 = tl.zeros([8, 8, BR], tl.float32)
     for step in range(0, STEPS):
-        bi = (kb0 + step) * NB + blk
-        valid = (bi < NKB) | EXACT
-        boff = (bi if EXACT else tl.where(valid, bi, 0)) * 17                                # [NB]
-        q2 = tl.load(p16 + (rbase[:, None] + boff[None, :] + 1)[:, :, None] + hw[None, None, :]).to(tl.int32)
-        q2 = q2 ^ 0x8080                                                     # each byte now holds q + 128
-        q2 = tl.reshape(tl.join(q2, q2), (BR, NB, 16, 2))
-        f = (((q2 << (15 - 8 * b)) & 0x007F8000) | ONE).to(tl.float32, bitcast=True)        # 1 + (q + 128)/256
-        d = tl.load(pf16 + rbase[:, None] + boff[None, :]).to(tl.float32)
-        if not EXACT:
-            d = tl.where(valid[None, :], d, 0.0)
-        val = f * (256.0 * d)[:, :, None, None] - (384.0 * d)[:, :, None, None]             # q * d, exact
-        xp = x_row + (kb0 + step) * (NB * 32) + xoff
-        xm = valid[:, None, None]
-        acc0 += tl.sum(val * tl.load(xp, mask=xm, other=0.0)[None], axis=3)
+        kb = (kb0 + step) * 8
+        w = tl.load(w_ptr + woff + kb * 8)
+        d = tl.load(d_ptr + doff + kb).to(tl.float32) * 32768.0
+        hi = w >> 16
+        v0 = ((w & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS           # q * 2^-23
+        v1 = ((w & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS         # q * 2^-15
+        v2 = ((hi & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS
+        v3 = ((hi & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS
+        xp = x_row + kb * 32 + xoff
+        acc0 += _word_sums(v0, v1, v2, v3, xp, kb, K) * d
         if TP > 1:
-            acc1 += tl.sum(val * tl.load(xp + xs, mask=xm, other=0.0)[None], axis=3)
+            acc1 += _word_sums(v0, v1, v2, v3, xp + xs, kb, K) * d
         if TP > 2:
-            acc2 += tl.sum(val * tl.load(xp + 2 * xs, mask=xm, other=0.0)[None], axis=3)
+            acc2 += _word_sums(v0, v1, v2, v3, xp + 2 * xs, kb, K) * d
         if TP > 3:
-            acc3 += tl.sum(val * tl.load(xp + 3 * xs, mask=xm, other=0.0)[None], axis=3)
+            acc3 += _word_sums(v0, v1, v2, v3, xp + 3 * xs, kb, K) * d
     out_rows = row0 + tl.arange(0, BR)
     o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
     omask = out_rows < N
-    tl.store(o, tl.sum(tl.sum(acc0, axis=2), axis=1), mask=omask)
+    tl.store(o, tl.sum(tl.sum(acc0, axis=0), axis=0), mask=omask)
     if TP > 1:
-        tl.store(o + N, tl.sum(tl.sum(acc1, axis=2), axis=1), mask=omask)
+        tl.store(o + N, tl.sum(tl.sum(acc1, axis=0), axis=0), mask=omask)
     if TP > 2:
-        tl.store(o + 2 * N, tl.sum(tl.sum(acc2, axis=2), axis=1), mask=omask)
+        tl.store(o + 2 * N, tl.sum(tl.sum(acc2, axis=0), axis=0), mask=omask)
     if TP > 3:
-        tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=2), axis=1), mask=omask)
+        tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=0), axis=0), mask=omask)
     if SPLITS > 1:
         tl.debug_barrier()                          # every thread's partial is stored before the count (release)
         arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
@@ -134,20 +115,35 @@ def _q8_rows(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, N
 
 
 @triton.jit
-def _q8_multi(x_ptr, w_ptr, out_ptr, T, N, rows_per_group, ONE, NKB: tl.constexpr, BR: tl.constexpr):
+def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
+    """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [BR, 8, 8] (bytes 0..3 of each word,
+    q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [1, 8, 8] the pointers to x at byte 0 of each word -> [BR, 8, 8]."""
+    if K % 256 == 0:
+        x0, x1, x2, x3 = tl.load(xp), tl.load(xp + 1), tl.load(xp + 2), tl.load(xp + 3)
+    else:                                       # the padded blocks past K (q = 0, d = 0) must not read past x
+        m = kb + tl.arange(0, 8)[None, :, None] < K // 32
+        x0, x1 = tl.load(xp, mask=m, other=0.0), tl.load(xp + 1, mask=m, other=0.0)
+        x2, x3 = tl.load(xp + 2, mask=m, other=0.0), tl.load(xp + 3, mask=m, other=0.0)
+    return (v0 * x0 + v2 * x2) * 256.0 + (v1 * x1 + v3 * x3)
+
+
+@triton.jit
+def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexpr, BR: tl.constexpr):
     """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3), K in steps of MMA_NB blocks."""
+    KP: tl.constexpr = (K + 255) // 256 * 256
     row0 = tl.program_id(0) * BR
-    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1)
-    K = NKB * 32
+    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
     t = tl.arange(0, 16)
     tmask = t < T
     x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
     kk = tl.arange(0, MMA_NB * 32)
     acc = tl.zeros([BR, 16], tl.float32)
-    for kb in range(0, (NKB + MMA_NB - 1) // MMA_NB):
-        val, _ = _decode(w_ptr, rows, kb, ONE, NKB, BR, MMA_NB)
-        w2 = tl.reshape(val, (BR, MMA_NB * 32))
-        k = kb * (MMA_NB * 32) + kk
+    for kb in range(0, (K // 32 + MMA_NB - 1) // MMA_NB):
+        k = kb * (MMA_NB * 32) + kk                                     # value index in the row
+        pos = k // 256 * 256 + (k % 32) // 4 * 32 + (k // 32 % 8) * 4 + k % 4       # its byte in split_q8's row
+        u = tl.load(q_ptr + rows[:, None] * KP + pos[None, :])
+        d = tl.load(d_ptr + rows[:, None] * (KP // 32) + (k // 32)[None, :])
+        w2 = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32)                # [BR, 128] = q * d, exact
         xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, 16]
         acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
     out_rows = row0 + tl.arange(0, BR)
@@ -176,22 +172,47 @@ def row_launch(N: int, K: int, br: int) -> tuple[int, int, int]:
     return tiles, steps, max(s for s in range(1, want + 1) if steps % s == 0)
 
 
-def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: int = 1, *,
+def split_q8(blocks: torch.Tensor, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor's GGUF rows uint8 [N, K/32*34] -> quants uint8 [N, KP] (q + 128), scales f16 [N, KP/32], on the
+    blocks' device: the same values, rows padded to KP = K rounded up to 256 (q = 0, d = 0), and in each span of 8
+    blocks word j (quants 4j..4j+3) of block b at word 8*j + b, so that one 16-byte load holds a word of 4 blocks."""
+    if K % QK or blocks.dtype != torch.uint8 or blocks.numel() != N * (K // QK) * BLOCK_BYTES:
+        raise ValueError(f"split_q8: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes (K = {K} a multiple of "
+                         f"32), got {blocks.dtype} {list(blocks.shape)}")
+    KP = (K + 255) // 256 * 256
+    b = blocks.reshape(N, K // QK, BLOCK_BYTES)
+    scales = torch.zeros(N, KP // QK, dtype=torch.float16, device=blocks.device)
+    scales[:, :K // QK] = b[..., :2].contiguous().view(torch.float16).reshape(N, K // QK)
+    quants = torch.full((N, KP), 128, dtype=torch.uint8, device=blocks.device)
+    quants[:, :K] = (b[..., 2:] ^ 0x80).reshape(N, K)
+    quants = quants.reshape(N, KP // 256, 8, 8, 4).transpose(2, 3).reshape(N, KP)    # [block, word] -> [word, block]
+    return quants, scales
+
+
+def dequantize(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    """split_q8's arrays -> float32 [N, K] (value = d * q, exact)."""
+    N, KP = quants.shape
+    u = quants.reshape(N, KP // 256, 8, 8, 4).transpose(2, 3).reshape(N, KP // QK, QK)
+    return ((u.to(torch.int16) - 128).float() * scales.float()[..., None]).reshape(N, KP)[:, :K]
+
+
+def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int = 1, *,
               out: torch.Tensor | None = None, config: tuple[int, int] | None = None) -> torch.Tensor:
-    """x: float32 [T, groups*K], 1 <= T <= 16; w_blocks: uint8 [N, K/32*34] (a Q8_0 tensor's rows) -> [T, N]
+    """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given). config: (rows per program, warps), overriding the defaults (sweeps)."""
-    if K % QK or N % groups:
-        raise ValueError(f"q8_matmul: K = {K} must be a multiple of 32 and N = {N} of groups = {groups}")
+    N, KP = quants.shape
+    if K % QK or N % groups or KP != (K + 255) // 256 * 256 or quants.dtype != torch.uint8 \
+            or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
+        raise ValueError(f"q8_matmul: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
+                         f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "
+                         f"{list(scales.shape)}")
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
         raise ValueError(f"q8_matmul x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
-    if w_blocks.dtype != torch.uint8 or w_blocks.numel() != N * (K // QK) * BLOCK_BYTES:
-        raise ValueError(f"q8_matmul w_blocks: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes, "
-                         f"got {w_blocks.dtype} {list(w_blocks.shape)}")
-    if w_blocks.device != x.device:
-        raise ValueError("q8_matmul: x and w_blocks are on different devices")
+    if quants.device != x.device or scales.device != x.device:
+        raise ValueError("q8_matmul: x and the weight are on different devices")
     T = x.shape[0]
     rows_per_group = N // groups
-    x, w_blocks = x.contiguous(), w_blocks.contiguous()
+    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
     if out is None:
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
@@ -202,15 +223,13 @@ def q8_matmul(x: torch.Tensor, w_blocks: torch.Tensor, N: int, K: int, groups: i
             raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
         tiles, steps_total, splits = row_launch(N, K, br)
         part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
-        _q8_rows[(tiles, splits)](x, w_blocks, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
-                                  NKB=K // QK, BR=br, STEPS=steps_total // splits, SPLITS=splits,
-                                  EXACT=(K // QK) % NB_STEP == 0, TP=T, num_warps=warps)
+        _q8_rows[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
+                                  K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=T, num_warps=warps)
         return out
     br, warps = config or (MMA_BR, MMA_WARPS)
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    _q8_multi[(triton.cdiv(N, br),)](x, w_blocks, out, T, N, rows_per_group, ONE_BITS, NKB=K // QK, BR=br,
-                                     num_warps=warps)
+    _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps)
     return out

@@ -4,9 +4,10 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
     engine = open_engine("model.gguf", "mtp.gguf")          # Engine(..., steps=GraphedSteps)
     s = engine.session(4096)                                 # the same Session / speculative loop as on the CPU
 
-Weights: Q8_0 projections -> Q8Linear (q8_matmul), routed experts -> CudaExperts (moe_forward on IQ2_XXS /
+Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks split into quants and scales), routed experts -> CudaExperts (moe_forward on IQ2_XXS /
 Q2_K / Q4_K blocks); F16/F32 tensors (norms, HC, router, compressors, indexer, embedding) as float32.
-The hyper-connections' Sinkhorn mixing runs as one kernel (hc_triton).
+The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
+one kernel (hc_triton) in decode and verify steps.
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -29,6 +30,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
+from ds4trt.model.hc import hc_pre
 from ds4trt.model.linear import project
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import HyperConnection, Transformer
@@ -47,18 +49,17 @@ MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <=
 # is read once), attention grows with the chunk; on the H200 at Flash width (43 layers, 2048-token prompt)
 # chunks of 512 / 1024 / 2048 prefilled 708 / 729 / 630 tokens/s with peaks of 83.9 / 84.8 / 86.5 GiB.
 PREFILL_CHUNK = 1024
-Q8_BLOCK, Q8_BYTES = 32, 34
 
 
 # The kernels as PyTorch custom ops: opaque to torch.compile (which fuses the glue around them) and to CUDA graphs.
 @torch.library.custom_op("ds4trt::q8_matmul", mutates_args=())
-def q8_matmul_op(x: torch.Tensor, blocks: torch.Tensor, N: int, K: int, groups: int) -> torch.Tensor:
-    return q8_triton.q8_matmul(x, blocks, N, K, groups)
+def q8_matmul_op(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int) -> torch.Tensor:
+    return q8_triton.q8_matmul(x, quants, scales, K, groups)
 
 
 @q8_matmul_op.register_fake
-def _(x, blocks, N, K, groups):
-    return x.new_empty(x.shape[0], N)
+def _(x, quants, scales, K, groups):
+    return x.new_empty(x.shape[0], quants.shape[0])
 
 
 @torch.library.custom_op("ds4trt::moe", mutates_args=())
@@ -86,13 +87,35 @@ def _(m, scale, base, S, hc_eps, sinkhorn_iters):
     return m.new_empty(T, S), m.new_empty(T, S), m.new_empty(T, S, S)
 
 
+@torch.library.custom_op("ds4trt::hc_pre", mutates_args=())
+def hc_pre_op(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+              hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_pre_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@hc_pre_op.register_fake
+def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+    T, S, D = X.shape
+    return X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
+
+
+def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """model/hc.py hc_pre on this backend: one fused kernel for steps of up to hc_triton.MAX_T tokens (decode,
+    verify, draft), else the PyTorch version with the mixing kernel (prefill chunks)."""
+    if X.shape[0] <= hc_triton.MAX_T:
+        return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    return hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, hc_mix_op)
+
+
 class Q8Linear(nn.Module):
-    """x @ W.T with W kept as Q8_0 blocks (model/linear.py's contract, groups included).
-    blocks: uint8 [N, K/32*34]."""
+    """x @ W.T with W kept as Q8_0 values (model/linear.py's contract, groups included): the GGUF blocks split
+    into quants uint8 [N, K] and scales f16 [N, K/32] (q8_triton.split_q8: the same bytes)."""
 
     def __init__(self, blocks: torch.Tensor, N: int, K: int, groups: int = 1):
         super().__init__()
-        self.register_buffer("blocks", blocks.reshape(N, K // Q8_BLOCK * Q8_BYTES))
+        quants, scales = q8_triton.split_q8(blocks, N, K)
+        self.register_buffer("quants", quants)
+        self.register_buffer("scales", scales)
         self.N, self.K, self.groups = N, K, groups
 
     @classmethod
@@ -104,16 +127,8 @@ class Q8Linear(nn.Module):
         """x: [..., G*K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: dequantize this weight for the one product
-            return project(x, dequantize_q8(self.blocks, self.K), self.groups)
-        return q8_matmul_op(x2, self.blocks, self.N, self.K, self.groups).reshape(*x.shape[:-1], self.N)
-
-
-def dequantize_q8(blocks: torch.Tensor, K: int) -> torch.Tensor:
-    """uint8 [N, K/32*34] Q8_0 rows -> float32 [N, K] (value = f16 scale * int8 quant, exact)."""
-    b = blocks.reshape(blocks.shape[0], K // Q8_BLOCK, Q8_BYTES)
-    d = b[..., :2].contiguous().view(torch.float16).float()              # [N, K/32, 1]
-    q = b[..., 2:].contiguous().view(torch.int8).float()                 # [N, K/32, 32]
-    return (q * d).reshape(blocks.shape[0], K)
+            return project(x, q8_triton.dequantize(self.quants, self.scales, self.K), self.groups)
+        return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
 class CudaExperts(GGUFExperts):
@@ -127,11 +142,11 @@ class CudaExperts(GGUFExperts):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' Sinkhorn mixing becomes one kernel per call (plugins/kernels/hc_triton.py)."""
+    the hyper-connections' reduction of the streams becomes one kernel per call (hc_reduce)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
-            m.mix = hc_mix_op
+            m.reduce = hc_reduce
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
@@ -216,13 +231,19 @@ def compile_blocks(*models: nn.Module) -> None:
 
 
 def resident_bytes(weights) -> int:
-    """Device bytes of a GGUF's weights in this backend: quantized tensors as their blocks, F16/F32 as float32,
-    I32 (the hash-routing table) as int64."""
+    """Device bytes of a GGUF's weights in this backend: routed experts as their blocks, Q8_0 projections as
+    split_q8's arrays (rows padded to 256 values), F16/F32 as float32, I32 (the hash-routing table) as int64."""
     total = 0
     for name in weights.specs:
         if weights.has(name):
-            t, n = weights.type_of(name), math.prod(weights.shape_of(name))
-            total += 4 * n if t in (N.F16, N.F32) else 8 * n if t == N.I32 else weights.file.tensors[name].nbytes
+            t, shape = weights.type_of(name), weights.shape_of(name)
+            n = math.prod(shape)
+            if t in (N.F16, N.F32, N.I32):
+                total += (8 if t == N.I32 else 4) * n
+            elif t == N.Q8_0 and len(shape) == 2:
+                total += shape[0] * -(-shape[1] // 256) * 256 * 34 // 32
+            else:
+                total += weights.file.tensors[name].nbytes
     return total
 
 
