@@ -2,8 +2,10 @@
 
     moe_triton.moe_forward        ds4::MoE (plugins/moe.py) on GGUF expert blocks: IQ2_XXS, Q2_K, Q4_K
     moe_triton.dequant_rows_triton  whole rows of such blocks -> float32 (a test and debugging aid)
-    q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows
+    q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows, on the
+                                  weight as q8_triton.split_q8 arranges it once at load
     hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
+    hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)
