@@ -33,7 +33,7 @@ DY = 512                # outputs y per program of the combination
 @triton.jit
 def _mix(row, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr):
     """Mixer outputs at row [(2+S)*S] -> pre (returned, and stored), post, comb (stored). Loads bypass L1 (.cg):
-    hc_pre's row was just written by other threads of the program."""
+    _hc_combine's row was just written by other lanes of the program."""
     i = tl.arange(0, S)
     s0, s1, s2 = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
     pre = tl.sigmoid(tl.load(row + i, cache_modifier=".cg") * s0 + tl.load(base_ptr + i)) + hc_eps
@@ -75,7 +75,8 @@ def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.c
         k = sp * KC + k0 + tl.arange(0, KB)
         x = tl.load(x_row + k, mask=k < S * D, other=0.0)
         sq += x * x
-        w = tl.load(fn_ptr + j[:, None] * (S * D) + k[None, :], mask=(j < M)[:, None] & (k < S * D)[None, :], other=0.0)
+        w = tl.load(fn_ptr + j[:, None] * (S * D) + k[None, :], mask=(j < M)[:, None] & (k < S * D)[None, :],
+                    other=0.0)                                                          # [MP, KB]
         acc += w * x[None, :]
     part = part_ptr + (t * SPLITS + sp) * (MP + 1)
     tl.store(part + j, tl.sum(acc, axis=1))

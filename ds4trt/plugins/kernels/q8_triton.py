@@ -11,8 +11,10 @@ In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants 
 kernel reading them in place issues one 2-byte load per 2 values (the previous kernel: 33-40 % of the copy
 bandwidth on the big projections). split_q8 keeps the same values, as many bytes (no float copy), in two arrays:
 the scales, and the quants as offset binary (q + 128) with each row's spans of 8 blocks stored word-interleaved:
-word j (quants 4j..4j+3) of block b at word 8j + b. A 16-byte load then holds word j of 4 blocks, and the 4
-scales it needs are one 8-byte load in the same tile layout, so nothing moves between lanes in the loop.
+word j (quants 4j..4j+3) of block b at word 8j + b. Word j of a span's 8 blocks is then 32 contiguous bytes (two
+16-byte loads) and their 8 scales 16 bytes (one load), both in the same tile layout, so nothing moves between
+lanes in the loop (with the GGUF order the scales' layout differed from the quants' and every step converted the
+products through shared memory).
 
 Decoding in the T <= 4 kernel (_q8_rows), per value: byte u = q + 128 is put in the low mantissa bits of 1.0f
 (bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
@@ -53,8 +55,9 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
              BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr):
     """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of 8
     blocks from split*STEPS*8 on (split_q8's layout: a step is 64 words, word j of block b at 8*j + b).
-    Tile [row, word j, block b]: 4 blocks' word j in one 16-byte load per lane, their 4 scales in one 8-byte load
-    (the same layout, so the products never move between lanes); each word decoded once for all x rows.
+    Tile [word j, block b, row], rows last: Triton orders a tile's dims by contiguity, then by position, so each lane
+    holds word j of the 8 blocks (contiguous) and the scales tile (the same shape, contiguous along b too) gets the
+    same layout; lanes go to j and then rows, warps and registers to rows. Each word decoded once for all x rows.
     SPLITS > 1: each program stores its partial sums in part[split] and counts itself in cnt[i] (an atomic); the
     last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
     back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it)."""
@@ -67,7 +70,7 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     j = tl.arange(0, 8)[:, None, None]
     b = tl.arange(0, 8)[None, :, None]
     woff = (rows * (KP // 4))[None, None, :] + 8 * j + b                               # [8, 8, BR]
-    doff = (rows * (KP // 32))[None, None, :] + b + 0 * j                               # [8, 8, BR]
+    doff = (rows * (KP // 32))[None, None, :] + b + 0 * j          # [8, 8, BR]: the quants' shape, hence layout
     xoff = 32 * b + 4 * j                                                               # [8, 8, 1]: x of byte 0
     x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
     acc0 = tl.zeros([8, 8, BR], tl.float32)
@@ -116,8 +119,8 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
 
 @triton.jit
 def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
-    """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [BR, 8, 8] (bytes 0..3 of each word,
-    q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [1, 8, 8] the pointers to x at byte 0 of each word -> [BR, 8, 8]."""
+    """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [8, 8, BR] (bytes 0..3 of each word,
+    q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [8, 8, 1] the pointers to x at byte 0 of each word -> [8, 8, BR]."""
     if K % 256 == 0:
         x0, x1, x2, x3 = tl.load(xp), tl.load(xp + 1), tl.load(xp + 2), tl.load(xp + 3)
     else:                                       # the padded blocks past K (q = 0, d = 0) must not read past x
@@ -175,7 +178,7 @@ def row_launch(N: int, K: int, br: int) -> tuple[int, int, int]:
 def split_q8(blocks: torch.Tensor, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's GGUF rows uint8 [N, K/32*34] -> quants uint8 [N, KP] (q + 128), scales f16 [N, KP/32], on the
     blocks' device: the same values, rows padded to KP = K rounded up to 256 (q = 0, d = 0), and in each span of 8
-    blocks word j (quants 4j..4j+3) of block b at word 8*j + b, so that one 16-byte load holds a word of 4 blocks."""
+    blocks word j (quants 4j..4j+3) of block b at word 8*j + b (word j of the 8 blocks is 32 contiguous bytes)."""
     if K % QK or blocks.dtype != torch.uint8 or blocks.numel() != N * (K // QK) * BLOCK_BYTES:
         raise ValueError(f"split_q8: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes (K = {K} a multiple of "
                          f"32), got {blocks.dtype} {list(blocks.shape)}")

@@ -4,10 +4,11 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
     engine = open_engine("model.gguf", "mtp.gguf")          # Engine(..., steps=GraphedSteps)
     s = engine.session(4096)                                 # the same Session / speculative loop as on the CPU
 
-Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks split into quants and scales), routed experts -> CudaExperts (moe_forward on IQ2_XXS /
-Q2_K / Q4_K blocks); F16/F32 tensors (norms, HC, router, compressors, indexer, embedding) as float32.
+Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
+bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks); F16/F32 tensors (norms, HC,
+router, compressors, indexer, embedding) as float32.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-one kernel (hc_triton) in decode and verify steps.
+two kernels (hc_triton.hc_pre_triton) in decode and verify steps.
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
