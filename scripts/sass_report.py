@@ -4,7 +4,8 @@
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--dump DIR]
 
 For each launch shape (default: the current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
-kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths and prints registers per thread, spills,
+kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, and the two hyper-connection kernels of
+hc_pre_triton, and prints registers per thread, spills,
 shared memory and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
 writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR.
 Instruction counts are static (the loop bodies are not multiplied out); compare variants of one kernel.
@@ -73,6 +74,12 @@ def main() -> int:
             report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
                 f32, u8, f16, f32, f32, i32, n, n, Q.ONE_BITS, K=k, BR=br, STEPS=steps // splits, SPLITS=splits,
                 TP=1, num_warps=warps, grid=(1,)))
+    from ds4trt.plugins.kernels import hc_triton as H
+    S = 4
+    report("hc_dots", H._hc_dots.warmup(f32, f32, f32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,
+                                        num_warps=4, grid=(1,)))
+    report("hc_combine", H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=S,
+                                              D=D, MP=32, SPLITS=H.SPLITS, DY=H.DY, num_warps=1, grid=(1,)))
     cols = ("regs", "spills", "shared", "instructions") + tuple(o for o in sm90.OPCODES if o not in ("STL", "LDL"))
     width = {c: max(6, len(c)) + 1 for c in cols}
     print(f"{'kernel':30s}" + "".join(f"{c:>{width[c]}s}" for c in cols))
