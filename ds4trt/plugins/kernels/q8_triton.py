@@ -37,6 +37,7 @@ import triton.language as tl
 
 QK, BLOCK_BYTES = 32, 34
 NB_STEP = 8                  # blocks per loop step of the T <= 4 kernel: 256 values, 64 words per row
+SPAN = NB_STEP * QK          # values of a row that split_q8 word-interleaves (one such step); rows are padded to it
 MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
 LO_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -23)     # f of u = 128 (q = 0) with the byte in bits 0..7
@@ -182,20 +183,36 @@ def split_q8(blocks: torch.Tensor, N: int, K: int) -> tuple[torch.Tensor, torch.
     if K % QK or blocks.dtype != torch.uint8 or blocks.numel() != N * (K // QK) * BLOCK_BYTES:
         raise ValueError(f"split_q8: expected uint8 with {N} x {K // QK * BLOCK_BYTES} bytes (K = {K} a multiple of "
                          f"32), got {blocks.dtype} {list(blocks.shape)}")
-    KP = (K + 255) // 256 * 256
+    KP = padded(K)
     b = blocks.reshape(N, K // QK, BLOCK_BYTES)
     scales = torch.zeros(N, KP // QK, dtype=torch.float16, device=blocks.device)
     scales[:, :K // QK] = b[..., :2].contiguous().view(torch.float16).reshape(N, K // QK)
     quants = torch.full((N, KP), 128, dtype=torch.uint8, device=blocks.device)
     quants[:, :K] = (b[..., 2:] ^ 0x80).reshape(N, K)
-    quants = quants.reshape(N, KP // 256, 8, 8, 4).transpose(2, 3).reshape(N, KP)    # [block, word] -> [word, block]
-    return quants, scales
+    return _swap_words(quants), scales
+
+
+def padded(K: int) -> int:
+    """split_q8's row length for K values: K rounded up to SPAN."""
+    return -(-K // SPAN) * SPAN
+
+
+def split_bytes(N: int, K: int) -> int:
+    """Bytes of split_q8's arrays for an [N, K] weight."""
+    return N * padded(K) // QK * BLOCK_BYTES
+
+
+def _swap_words(u: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, KP]: in each span of NB_STEP blocks, word j of block b <-> word b of block j ([block, word] ->
+    [word, block]; NB_STEP = 8 = the words of a block, so the swap is its own inverse)."""
+    N, KP = u.shape
+    return u.reshape(N, KP // SPAN, NB_STEP, QK // 4, 4).transpose(2, 3).reshape(N, KP)
 
 
 def dequantize(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
     """split_q8's arrays -> float32 [N, K] (value = d * q, exact)."""
     N, KP = quants.shape
-    u = quants.reshape(N, KP // 256, 8, 8, 4).transpose(2, 3).reshape(N, KP // QK, QK)
+    u = _swap_words(quants).reshape(N, KP // QK, QK)
     return ((u.to(torch.int16) - 128).float() * scales.float()[..., None]).reshape(N, KP)[:, :K]
 
 
@@ -204,7 +221,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given). config: (rows per program, warps), overriding the defaults (sweeps)."""
     N, KP = quants.shape
-    if K % QK or N % groups or KP != (K + 255) // 256 * 256 or quants.dtype != torch.uint8 \
+    if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
         raise ValueError(f"q8_matmul: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
                          f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "

@@ -242,7 +242,7 @@ def resident_bytes(weights) -> int:
             if t in (N.F16, N.F32, N.I32):
                 total += (8 if t == N.I32 else 4) * n
             elif t == N.Q8_0 and len(shape) == 2:
-                total += shape[0] * -(-shape[1] // 256) * 256 * 34 // 32
+                total += q8_triton.split_bytes(*shape)
             else:
                 total += weights.file.tensors[name].nbytes
     return total
