@@ -53,7 +53,7 @@ SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), 
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
                 (64, 8, None, False))
 # (rows per program, warps) of the Q8_0 kernel, by T
-Q8_SWEEP = {1: ((16, 4), (64, 4), (64, 8), (128, 8), (32, 8)), 4: ((32, 8), (16, 8), (32, 4), (8, 4))}
+Q8_SWEEP = {1: ((32, 4), (64, 4), (64, 8), (128, 8), (32, 8)), 4: ((16, 4), (32, 8), (16, 8), (8, 4))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
