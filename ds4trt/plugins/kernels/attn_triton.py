@@ -1,12 +1,17 @@
-"""Attention of a decode or verify step in one Triton kernel (model/attention.py attend): per query row and head,
-softmax over the visible keys and the head's sink logit, then the weighted sum of the keys (V = K).
+"""Attention of a decode or verify step in Triton (model/attention.py attend): per query row and head, softmax over
+the visible keys and the head's sink logit, then the weighted sum of the keys (V = K).
 
     attend_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32) -> o [T, H, d]
         T <= MAX_T (the compiled step's attention was 4-5 launches, ~15 us per layer at Flash width).
 
-One program per (query row, block of HB heads) streams the keys in chunks of KB (online softmax, float32 FMA
-products: input_precision="ieee"). The running maximum starts at the sink logit with weight 1, so a chunk whose
-keys are all masked adds nothing and no row divides by zero. Heads past H and dims past d are masked (tiny models).
+Split over the keys (flash-decoding), two launches:
+  _attend_part: program (t, h, s) scores the KS keys s*KS.. for query row t and head h (float32 FMA: a dot of d
+      values per key, in registers) and stores their local maximum, sum of exponentials and weighted key sum;
+  _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
+      o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
+A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. At T = 1 and Flash width
+(64 heads, ~129 raw keys) the first launch is 64 x 5 programs. A first version with one program per (row, block of
+16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per layer.
 """
 
 from __future__ import annotations
@@ -16,36 +21,50 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
-HB = 16          # heads per program (tl.dot's smallest tile side)
-KB = 16          # keys per chunk
+KS = 32          # keys per program of _attend_part
+DB = 128         # output dims per program of _attend_join
 
 
 @triton.jit
-def _attend(q_ptr, k_ptr, m_ptr, s_ptr, o_ptr, scale, K: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-            HB: tl.constexpr, KB: tl.constexpr):
+def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.constexpr, H: tl.constexpr,
+                 D: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr, NS: tl.constexpr):
     t = tl.program_id(0)
-    h = tl.program_id(1) * HB + tl.arange(0, HB)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
     c = tl.arange(0, DP)
-    hm, cm = h < H, c < D
-    q = tl.load(q_ptr + (t * H + h)[:, None] * D + c[None, :], mask=hm[:, None] & cm[None, :], other=0.0)  # [HB, DP]
-    run_max = tl.load(s_ptr + h, mask=hm, other=0.0)              # the sink logit: weight exp(sink - max) = 1
-    run_sum = tl.full([HB], 1.0, tl.float32)
-    acc = tl.zeros([HB, DP], tl.float32)
-    for k0 in range(0, K, KB):
-        kk = k0 + tl.arange(0, KB)
-        km = kk < K
-        keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)   # [KB, DP]
-        vis = tl.load(m_ptr + t * K + kk, mask=km, other=0) != 0
-        s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale                                   # [HB, KB]
-        s = tl.where(vis[None, :], s, float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(s, axis=1))
-        alpha = tl.exp(run_max - new_max)
-        p = tl.exp(s - new_max[:, None])
-        run_sum = run_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, keys, input_precision="ieee")
-        run_max = new_max
-    o = acc / run_sum[:, None]
-    tl.store(o_ptr + (t * H + h)[:, None] * D + c[None, :], o, mask=hm[:, None] & cm[None, :])
+    cm = c < D
+    q = tl.load(q_ptr + (t * H + h) * D + c, mask=cm, other=0.0)                                 # [DP]
+    kk = s * KS + tl.arange(0, KS)
+    km = kk < K
+    keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)   # [KS, DP]
+    vis = tl.load(m_ptr + t * K + kk, mask=km, other=0) != 0
+    sc = tl.where(vis, tl.sum(keys * q[None, :], axis=1) * scale, float("-inf"))                  # [KS]
+    mx = tl.max(sc, axis=0)
+    p = tl.exp(sc - tl.where(mx == float("-inf"), 0.0, mx))          # masked keys: 0 (never -inf - -inf)
+    slot = (t * H + h) * NS + s
+    tl.store(pm_ptr + slot, mx)
+    tl.store(pl_ptr + slot, tl.sum(p, axis=0))
+    tl.store(pa_ptr + slot.to(tl.int64) * D + c, tl.sum(p[:, None] * keys, axis=0), mask=cm)
+
+
+@triton.jit
+def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, NS: tl.constexpr,
+                 NSP: tl.constexpr, DB: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    c = tl.program_id(2) * DB + tl.arange(0, DB)
+    j = tl.arange(0, NSP)
+    jm = j < NS
+    base = (t * H + h) * NS
+    m = tl.load(pm_ptr + base + j, mask=jm, other=float("-inf"))
+    l = tl.load(pl_ptr + base + j, mask=jm, other=0.0)
+    sink = tl.load(s_ptr + h)
+    top = tl.maximum(tl.max(m, axis=0), sink)
+    w = tl.exp(m - top)                                              # -inf maxima (masked splits): 0
+    acc = tl.load(pa_ptr + (base + j).to(tl.int64)[:, None] * D + c[None, :], mask=jm[:, None] & (c < D)[None, :],
+                  other=0.0)                                                                    # [NSP, DB]
+    total = tl.exp(sink - top) + tl.sum(l * w, axis=0)
+    tl.store(o_ptr + (t * H + h) * D + c, tl.sum(acc * w[:, None], axis=0) / total, mask=c < D)
 
 
 def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -59,7 +78,15 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
                          f"mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
     q, k = q.contiguous(), k.contiguous()
     m = mask.contiguous().view(torch.uint8)
+    NS = triton.cdiv(K, KS)
+    part_m = torch.empty(T, H, NS, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(T, H, NS, D, dtype=torch.float32, device=q.device)
+    DP = triton.next_power_of_2(D)
+    _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=KS, NS=NS,
+                             num_warps=8)                      # 127 registers, none spilled (4 warps: 219)
     o = torch.empty_like(q)
-    _attend[(T, triton.cdiv(H, HB))](q, k, m, sinks.float().contiguous(), o, D ** -0.5, K=K, H=H, D=D,
-                                     DP=triton.next_power_of_2(D), HB=HB, KB=KB, num_warps=8)
+    db = min(DB, DP)
+    _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
+                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4)
     return o
