@@ -37,7 +37,7 @@ from ds4trt.testing.tiny_gguf import random_quant
 from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import hc_triton, moe_triton, q8_triton
+    from ds4trt.plugins.kernels import attn_triton, hc_triton, moe_triton, q8_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -355,6 +355,33 @@ def test_hc_pre_vs_float64(D):
             assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
 
+# (H, d, K): Flash (64 heads of 512, a window of 128 + 1 raw keys and 64 + 1 compressed ones: a partial last split),
+# a tiny model's 4 heads of 64
+ATTEND_SHAPES = [(64, 512, 194), (4, 64, 37)] if GPU else [(16, 512, 40), (4, 64, 37)]
+
+
+@pytest.mark.parametrize("shape", ATTEND_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attend_vs_float64(shape):
+    """The attention kernel against model/attention.py attend in float64: fresh random queries, keys, sinks and
+    masks (about a third of the keys visible, a whole split of 32 keys masked for one row, one row seeing a
+    single key)."""
+    from ds4trt.model.attention import attend
+
+    H, d, K = shape
+    g = torch.Generator().manual_seed(_seed("attend", *shape))
+    for T in (T_GPU if GPU else (1, 3)):
+        q, k = torch.randn(T, H, d, generator=g) * 2, torch.randn(K, d, generator=g)
+        sinks = torch.randn(H, generator=g)
+        mask = torch.rand(T, K, generator=g) < 0.35
+        mask[0, :32] = False
+        mask[-1] = False
+        mask[-1, K // 2] = True
+        want = attend(q.double(), k.double(), mask, sinks.double())
+        got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE))
+        assert got.shape == want.shape
+        assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+
+
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
@@ -428,7 +455,13 @@ def test_every_variant_compiles_for_sm90():
                                          grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
-        from ds4trt.plugins.kernels import hc_triton as H
+        from ds4trt.plugins.kernels import attn_triton as A, hc_triton as H
+        for K in (194, 1154):
+            ns = -(-K // A.KS)
+            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=A.KS, NS=ns,
+                                     num_warps=8, grid=(1,)))
+            ok(A._attend_join.warmup(f32, f32, f32, f32, f32, H=64, D=512, NS=ns, NSP=1 << (ns - 1).bit_length(),
+                                     DB=A.DB, num_warps=4, grid=(1,)))
         ok(H._hc_dots.warmup(f32, f32, f32, S=4, D=4096, MP=32, SPLITS=H.SPLITS, KC=4 * 4096 // H.SPLITS, KB=H.KB,
                              num_warps=4, grid=(1,)))
         ok(H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=4, D=4096, MP=32,

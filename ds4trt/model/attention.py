@@ -32,6 +32,16 @@ def _by_query_blocks(fn, *rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(*(r[a:a + QUERY_BLOCK] for r in rows)) for a in range(0, T, QUERY_BLOCK)])
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """q: [t, H, d] queries; k: [K, d] keys (= values); mask: [t, K] visible; sinks [H] -> [t, H, d]: softmax over
+    the visible keys' logits (q.k / sqrt(d)) and each head's sink logit, times the keys."""
+    logits = torch.einsum("thd,kd->thk", q, k) / q.shape[-1] ** 0.5
+    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+    sink = sinks[None, :, None].expand(q.shape[0], q.shape[1], 1)
+    p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("thk,kd->thd", p, k)                    # V = K
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.to(torch.float32), requires_grad=False)
 
@@ -121,6 +131,7 @@ class Attention(nn.Module):
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
+        self.attend = attend             # a backend may set a kernel with attend's signature
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
@@ -181,12 +192,8 @@ class Attention(nn.Module):
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q: [t, H, d] queries; k: [K, d] keys (= values); mask: [t, K] visible -> [t, H, d] (sinks included)."""
-        logits = torch.einsum("thd,kd->thk", q, k) / self.cfg.head_dim ** 0.5
-        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-        sink = self.sinks[None, :, None].expand(q.shape[0], q.shape[1], 1)
-        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-        return torch.einsum("thk,kd->thd", p, k)                    # V = K
+        """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
+        return self.attend(q, k, mask, self.sinks)
 
     def _indexer_select(self, u, qn, pos, old_index, new_index, visible) -> torch.Tensor:
         """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score

@@ -6,6 +6,7 @@
                                   weight as q8_triton.split_q8 arranges it once at load
     hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
     hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
+    attn_triton.attend_triton     attention over given keys and mask with sinks (model/attention.py attend), T <= 16
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)
