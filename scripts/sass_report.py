@@ -63,8 +63,8 @@ def main() -> int:
             ge = F * D // 256 * M.LAYOUT[gate][0]
             de = D * F // 256 * M.LAYOUT[down][0]
             report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}", M._moe_gateup_single.warmup(
-                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ge, 10.0, M.ONE_BITS, NSB=D // 256,
-                GT=gate, UT=gate, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=warps, grid=(1,)))
+                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge, ge, 10.0, M.ONE_BITS,
+                NSB=D // 256, GT=gate, UT=gate, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=warps, grid=(1,)))
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
                 f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
                 COMPACT=False, num_warps=warps, grid=(1,)))

@@ -77,6 +77,7 @@ def _poisoned_workspace(T, k, D, F):
     ws.y.fill_(float("nan"))
     ws.order.fill_(-1)
     ws.cnt.fill_(-1)
+    ws.xq.fill_(-1)
     return ws
 
 
@@ -146,6 +147,25 @@ def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     cfg = {t: (16, 4, None, prefetch) for t in set(types)}
     got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+           for e in np.unique(ids)}
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+
+
+def test_moe_iq2_activation_runs_of_zeros_and_of_extreme_scales():
+    """The IQ2_XXS one-pair kernel reads the activations as per-run integers (_quant_runs): runs of 8 that are all zero,
+    tiny (1e-30) or large (1e4) next to ordinary ones, and a single non-zero value in a run, still give the float64
+    result (the error bound is relative to each run's own largest |x|)."""
+    types = MIXES["iq2_iq2_q2k"]
+    v, ids, w, blocks = _small_case(types, seed=_seed("iq2 runs"), T=2)
+    v = v.copy()
+    v[0, 0:8] = 0.0
+    v[0, 8:16] *= 1e-30
+    v[0, 16:24] *= 1e4
+    v[1, 40:48] = 0.0
+    v[1, 41] = -3.0
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types)
     deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
            for e in np.unique(ids)}
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
@@ -416,9 +436,9 @@ def test_every_variant_compiles_for_sm90():
             assert "cubin" in k.asm and k.metadata.name, k
             assert k.metadata.shared <= 227 * 1024, (k.metadata.name, k.metadata.shared)
             n += 1
-        for P in (6, 96):
-            ok(M._moe_items.warmup(i64, i32, i32, P, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()),
-                                   num_warps=4, grid=(1,)))
+        for P, D in ((6, 4096), (96, 512)):
+            ok(M._moe_prepare.warmup(i64, i32, i32, P, f32, i32, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()),
+                                     D=D, num_warps=4, grid=(1,)))
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10)):
             for D, F in ((512, 256), (4096, 2048)):
                 ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
@@ -426,9 +446,9 @@ def test_every_variant_compiles_for_sm90():
                 for cfg_g, cfg_d in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
                                      ((16, 4, None, not gpf), (16, 4, None, not dpf))):
                     br, w, reg, pf = cfg_g
-                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue, 10.0,
-                       M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=w, grid=(1,),
-                       **({"maxnreg": reg} if reg else {})))
+                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge,
+                       ue, 10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, COMPACT=False,
+                       num_warps=w, grid=(1,), **({"maxnreg": reg} if reg else {})))
                     br, w, reg, pf = cfg_d
                     ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
                        NSB=F // 256, DT=dt, BR=br, DPF=pf, COMPACT=False, num_warps=w, grid=(1,),
@@ -442,8 +462,8 @@ def test_every_variant_compiles_for_sm90():
                     ok(M._moe_down_multi.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, NSB=F // 256,
                        DT=dt, DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st,
                        grid=(1,)))
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue,
-                   10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=True,
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge,
+                   ue, 10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=True,
                    num_warps=gw, grid=(1,)))
             bs, ns, l = M.LAYOUT[gt]
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
@@ -469,7 +489,7 @@ def test_every_variant_compiles_for_sm90():
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
             for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
+                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, 2048,
                    2048 * bs, 2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, COMPACT=False,
                    num_warps=w, grid=(1,)))
                 if t != 16:                           # the down kernels (Q2_K, Q4_K)
@@ -491,9 +511,9 @@ def test_every_variant_compiles_for_sm90():
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10)):
             (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-            k = M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048, 1, 1, 10.0,
-                M.ONE_BITS, NSB=16, GT=gt, UT=gt, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=False, num_warps=gw, grid=(1,),
-                **({"maxnreg": greg} if greg else {}))
+            k = M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, 2048, 1, 1,
+                10.0, M.ONE_BITS, NSB=16, GT=gt, UT=gt, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=False, num_warps=gw,
+                grid=(1,), **({"maxnreg": greg} if greg else {}))
             assert spills(k) == 0, ("_moe_gateup_single spills", gt)
             k = M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 1, M.ONE_BITS, NSB=8,
                 DT=dt, BR=dbr, DPF=dpf, COMPACT=False, num_warps=dw, grid=(1,), **({"maxnreg": dreg} if dreg else {}))

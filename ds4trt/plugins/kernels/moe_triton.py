@@ -10,10 +10,11 @@ Weights are never materialized as floats: every program loads its rows' blocks a
 registers. For T <= 16 (decode, verify): four launches (six when T > SINGLE_MAX_T), no host synchronization, so
 a CUDA graph can capture a call:
 
-  1. _moe_items    one program: groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
+  1. _moe_prepare  program 0 groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
                    item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert
-                   (one pair when T <= SINGLE_MAX_T).
+                   (one pair when T <= SINGLE_MAX_T). When gate or up is IQ2_XXS, programs 1.. store the
+                   activations as integers for its one-pair kernel (_quant_runs).
   2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
                    BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
@@ -23,8 +24,11 @@ T > 16 (prefill chunks): the same kernels, but the items are made by torch (_lon
 with up to LONG_CONFIG's 64 pairs each and listed, so each program serves one listed item (COMPACT) and an expert's
 blocks are read once per 64 of its tokens instead of once per 16-token slice.
 
-Kernels 2 and 3 come in two forms. `_single` serves items of one pair: float32 FMA on the decoded values (the
-decode case; _fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as
+integer dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the
+activations stored as u * (2048 h + l) with int8 h and int16 l per run of 8, so the sums are exact integers and
+agree with float64 to ~1e-6 relative), the other types by float32 FMA on the decoded values (_fma_rows says how
+each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
 2048) times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
@@ -60,6 +64,7 @@ fields are read as fp16 / uint16 / bytes, never as 4-byte words.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,14 +78,20 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 LAYOUT = {Q2_K: (84, 16, 16), Q4_K: (144, 8, 32), IQ2_XXS: (66, 32, 8)}
 QK = 256
 ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_rows)
+# The IQ2_XXS gate/up kernel's integer dot products (_iq2_dp_rows) are inline PTX on a GPU; under Triton's interpreter
+# (CPU tests) the same functions compute them with integer tensor operations.
+ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+XQ_LO = tl.constexpr(2048)   # _quant_runs: x = u (XQ_LO h + l), h int8, |l| <= XQ_LO / 2
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
 # Launch settings of the one-pair (decode) kernels, by block type: (rows per program, warps, register cap or None,
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
-# Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for every type (H200, BENCHMARKS.md:
-# q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us).
-SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (32, 4, None, True)}
+# Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
+# q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
+# dot products (_iq2_dp_rows): 16 rows x 4 warps, no prefetch (q2 layer 60.1 us; 61.0 at (32, 8), 68.3 at (32, 4)
+# with prefetch: the kernel is latency-bound, so more programs pay).
+SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 # Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
 # tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
@@ -93,9 +104,11 @@ LONG_CONFIG = (64, 64, 8, 1)
 
 
 @functools.cache
-def _iq2xxs_tables_np() -> tuple[np.ndarray, np.ndarray]:
-    """(grid codes int16 [256]: 2 bits per value, value i at bits 2i (read as uint16); ksigns uint8 [128]),
-    from gguf's own IQ2_XXS tables."""
+def _iq2xxs_tables_np() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From gguf's own IQ2_XXS tables: (grid codes int16 [256]: 2 bits per value, value i at bits 2i (read as
+    uint16); ksigns uint8 [128]; the selectors of _iq2_dp, int32 [384]: at grid index j < 256 the codes as nibbles
+    (value i's code at bits 4i), at 256 + sign index the sign bits of ksigns moved to bit 2 of each nibble, so that
+    codes | signs is the prmt selector of each value's signed magnitude, see _prmt_q)."""
     cls = gguf_quants.IQ2_XXS
     cls.init_grid()
     grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8)
@@ -105,17 +118,19 @@ def _iq2xxs_tables_np() -> tuple[np.ndarray, np.ndarray]:
         raise RuntimeError("gguf's IQ2_XXS grid holds a value outside (8, 25, 43)")
     packed = (codes.astype(np.int64) << (2 * np.arange(8))).sum(1).astype(np.uint16).view(np.int16)
     ksigns = np.frombuffer(cls.ksigns, dtype=np.uint8).copy()
-    return packed, ksigns
+    nibbles = (codes.astype(np.int64) << (4 * np.arange(8))).sum(1)
+    sign_bits = (ksigns.astype(np.int64)[:, None] >> np.arange(8)) & 1
+    signs = (sign_bits << (4 * np.arange(8) + 2)).sum(1)
+    return packed, ksigns, np.concatenate([nibbles, signs]).astype(np.int32)
 
 
-_TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_TABLES: dict[str, tuple[torch.Tensor, ...]] = {}
 
 
-def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     key = str(device)
     if key not in _TABLES:
-        grid, ksigns = _iq2xxs_tables_np()
-        _TABLES[key] = (torch.from_numpy(grid).to(device), torch.from_numpy(ksigns).to(device))
+        _TABLES[key] = tuple(torch.from_numpy(t).to(device) for t in _iq2xxs_tables_np())
     return _TABLES[key]
 
 
@@ -352,6 +367,146 @@ def _fma_rows(ptr, expert_off, row0, x_ptr, grid_ptr, ksigns_ptr, ONE,
 
 
 @triton.jit
+def _prmt_q(sel):
+    """Four int8 weights from four selector nibbles (bits 0..15 of sel): nibble c + 4 s (code c = 0, 1, 2, sign s)
+    picks byte c + 4 s of {8, 25, 43, 0, -8, -25, -43, 0}: one prmt (byte permute) on the GPU."""
+    if ASM:
+        return tl.inline_asm_elementwise("prmt.b32 $0, 0x002B1908, 0x00D5E7F8, $1;", "=r,r", [sel],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        out = sel * 0
+        for k in tl.static_range(4):
+            nib = (sel >> (4 * k)) & 7
+            c = nib & 3
+            m = tl.where(c == 0, 8, tl.where(c == 1, 25, tl.where(c == 2, 43, 0)))
+            out = out | ((tl.where((nib & 4) != 0, -m, m) & 255) << (8 * k))
+        return out
+
+
+@triton.jit
+def _dp4a(a, b, c):
+    """c + the sum of the products of the four signed bytes of a and of b."""
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for k in tl.static_range(4):
+            c += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)
+        return c
+
+
+@triton.jit
+def _dp2a(a, b, c, HI: tl.constexpr):
+    """c + the two signed 16-bit halves of a times signed bytes 0, 1 (HI: 2, 3) of b."""
+    if ASM:
+        if HI:
+            return tl.inline_asm_elementwise("dp2a.hi.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("dp2a.lo.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for k in tl.static_range(2):
+            bk: tl.constexpr = 2 * HI + k
+            c += ((a << (16 - 16 * k)) >> 16) * ((b << (24 - 8 * bk)) >> 24)
+        return c
+
+
+@triton.jit
+def _rint(y):
+    """y rounded to the nearest integer (ties to even), |y| < 2^22."""
+    return (y + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr):
+    """Store x [R, 8] (runs run0.. of a row of K activations) as integers for _iq2_dp_rows. Per run of 8 values,
+    u = max|x| / (127 XQ_LO), h = rint(x / (XQ_LO u)) in [-127, 127], l = rint(x / u - XQ_LO h) in
+    [-XQ_LO/2, XQ_LO/2], so that x = u (XQ_LO h + l) to within u / 2 (2^-19 of the run's largest |x|). The row
+    (int32 [K * 7/8]): h as int8 [K] | l as int16 [K] | u as float32 [K / 8]."""
+    r = run0 + tl.arange(0, R)
+    amax = tl.max(tl.abs(x), axis=1)
+    y = tl.where(amax[:, None] > 0, x / tl.maximum(amax, 1e-30)[:, None], 0.0) * 127.0      # |y| <= 127
+    h = _rint(y)
+    lo = _rint((y - h) * XQ_LO).to(tl.int32)
+    hw = tl.sum(tl.reshape(h.to(tl.int32) & 255, (R, 2, 4)) << (8 * tl.arange(0, 4))[None, None, :], axis=2)
+    lw = tl.sum(tl.reshape(lo & 0xFFFF, (R, 4, 2)) << (16 * tl.arange(0, 2))[None, None, :], axis=2)
+    tl.store(row_ptr + 2 * r[:, None] + tl.arange(0, 2)[None, :], hw)
+    tl.store(row_ptr + K // 4 + 4 * r[:, None] + tl.arange(0, 4)[None, :], lw)
+    tl.store(row_ptr.to(tl.pointer_type(tl.float32)) + 3 * K // 4 + r, amax * (1.0 / (127.0 * XQ_LO)))
+
+
+@triton.jit
+def _iq2_fields(p16, rh, sb):
+    """Raw loads of block sb of each row for the IQ2_XXS tile [group g, run l, row] of _iq2_dp_rows; p16: the
+    expert's blocks as uint16, rh [BR] int32: each row's block 0 in half-words (blocks are 2-byte aligned). Every
+    field is loaded in the tile's full shape, the index it does not depend on only broadcasting (4 lanes read one
+    half-word, the 32 lanes of a row one d), so that all loads share one layout and nothing moves between lanes.
+    Returns uint16 [8, 4, BR]: the half-word of A holding run l's grid index, B's halves lo and hi, d's bits."""
+    b = (rh + sb * 33)[None, None, :]
+    g4 = 4 * tl.arange(0, 8)[:, None, None]                 # group g's A at half-words 1 + 4g, 2 + 4g; B at 3, 4
+    l = tl.arange(0, 4)[None, :, None]
+    a = tl.load(p16 + (b + 1 + g4 + (l >> 1)))
+    lo = tl.load(p16 + (b + 3 + g4 + 0 * l))
+    hi = tl.load(p16 + (b + 4 + g4 + 0 * l))
+    d = tl.load(p16 + (b + 0 * g4 + 0 * l))
+    return a, lo, hi, d
+
+
+@triton.jit
+def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr):
+    """acc [8, 4, BR] += per group g, run l and row: d (2s+1)/8 * u * (the run's 8 signed magnitudes . x's integers);
+    xh, xl, xu [8, 4, 1]: pointers to the run's h words (2), l words (4) and u (see _quant_runs).
+    Per run: two table loads give the prmt selector (codes | signs), two prmt the 8 signed int8 weights, and six
+    integer dot-product instructions (dp4a on h, dp2a on l) the run's sum exactly in int32
+    (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion, one FFMA per run."""
+    l = tl.arange(0, 4)[None, :, None]
+    lo = lo.to(tl.int32)
+    hi = hi.to(tl.int32)
+    idx = (a.to(tl.int32) >> (8 * (l & 1))) & 255                                     # grid index of run l
+    sidx = ((lo | (hi << 16)) >> (7 * l)) & 127                                       # its sign index
+    sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
+    w0 = _prmt_q(sel)                                                                  # values 0..3 as int8
+    w1 = _prmt_q(sel >> 16)                                                            # values 4..7
+    sh = _dp4a(w1, tl.load(xh + 1), _dp4a(w0, tl.load(xh), 0))
+    sl = _dp2a(tl.load(xl), w0, 0, False)
+    sl = _dp2a(tl.load(xl + 1), w0, sl, True)
+    sl = _dp2a(tl.load(xl + 2), w1, sl, False)
+    sl = _dp2a(tl.load(xl + 3), w1, sl, True)
+    dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi >> 12) + 1))   # d (2s+1) / 8
+    return acc + (dl * tl.load(xu)) * (sh * XQ_LO + sl).to(tl.float32)
+
+
+@triton.jit
+def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """[BR] float32: rows row0..row0+BR of the IQ2_XXS expert at byte offset expert_off dotted with one token's
+    activations as _quant_runs stores them (xq_ptr: the token's row). The gate/up inner loop of decode and verify
+    (one-pair items): integer dot products on the quantized activations (_iq2_dp) instead of one float FMA and
+    ~9 integer operations per value (the float path, _fma_rows, is ALU-bound on the H200).
+    Tile [group g, run l, row] (rows last, see _iq2_dot); PREFETCH: load the next block's fields first."""
+    D: tl.constexpr = NSB * 256
+    p16 = (ptr + expert_off).to(tl.pointer_type(tl.uint16))         # expert_off is even (66-byte blocks)
+    rh = (row0 + tl.arange(0, BR)) * (NSB * 33)                     # int32: < 2^31 within one expert
+    run = 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]          # [8, 4, 1]
+    xu_ptr = xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4
+    acc = tl.zeros([8, 4, BR], tl.float32)
+    if PREFETCH:
+        a, lo, hi, d = _iq2_fields(p16, rh, 0)
+        for sb in range(0, NSB):
+            na, nlo, nhi, nd = _iq2_fields(p16, rh, tl.minimum(sb + 1, NSB - 1))
+            r = sb * 32 + run
+            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + 2 * r, xq_ptr + D // 4 + 4 * r, xu_ptr + r, dp_ptr)
+            a, lo, hi, d = na, nlo, nhi, nd
+    else:
+        for sb in range(0, NSB):
+            a, lo, hi, d = _iq2_fields(p16, rh, sb)
+            r = sb * 32 + run
+            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + 2 * r, xq_ptr + D // 4 + 4 * r, xu_ptr + r, dp_ptr)
+    return tl.sum(tl.sum(acc, axis=1), axis=0)
+
+
+@triton.jit
 def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
     """Per tile row j of a [BR * NS, L] run tile: (byte offset of its row's first block, run index c)."""
     j = tl.arange(0, BR * NS)
@@ -410,36 +565,55 @@ def _swiglu(g, u, clamp):
 # Kernels
 
 @triton.jit
-def _moe_items(ids_ptr, order_ptr, cnt_ptr, P, ITEM_CAP: tl.constexpr, PB: tl.constexpr):
-    """Group the P (token, slot) pairs by expert (one program; PB >= P a power of two)."""
-    p = tl.arange(0, PB)
-    valid = p < P
-    e = tl.where(valid, tl.load(ids_ptr + p, mask=valid, other=0).to(tl.int32), 2 ** 30)  # padding sorts last
-    ea, eb = e[:, None], e[None, :]
-    pa, pb = p[:, None], p[None, :]
-    same = eb == ea
-    pos = tl.sum(((eb < ea) | (same & (pb < pa))).to(tl.int32), axis=1)   # sorted position of pair p
-    rank = tl.sum((same & (pb < pa)).to(tl.int32), axis=1)               # pairs of its expert before it
-    size = tl.sum(same.to(tl.int32), axis=1)
-    cnt = tl.where(rank % ITEM_CAP == 0, tl.minimum(size - rank, ITEM_CAP), 0)
-    tl.store(order_ptr + pos, p, mask=valid)
-    tl.store(cnt_ptr + pos, cnt, mask=valid)
+def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.constexpr, PB: tl.constexpr,
+                 D: tl.constexpr):
+    """Program 0 groups the P (token, slot) pairs by expert (PB >= P a power of two; P = 0: no items, a long call's
+    come from _long_items); program 1 + i quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs)."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        p = tl.arange(0, PB)
+        valid = p < P
+        e = tl.where(valid, tl.load(ids_ptr + p, mask=valid, other=0).to(tl.int32), 2 ** 30)  # padding sorts last
+        ea, eb = e[:, None], e[None, :]
+        pa, pb = p[:, None], p[None, :]
+        same = eb == ea
+        pos = tl.sum(((eb < ea) | (same & (pb < pa))).to(tl.int32), axis=1)   # sorted position of pair p
+        rank = tl.sum((same & (pb < pa)).to(tl.int32), axis=1)               # pairs of its expert before it
+        size = tl.sum(same.to(tl.int32), axis=1)
+        cnt = tl.where(rank % ITEM_CAP == 0, tl.minimum(size - rank, ITEM_CAP), 0)
+        tl.store(order_ptr + pos, p, mask=valid)
+        tl.store(cnt_ptr + pos, cnt, mask=valid)
+    else:
+        NB: tl.constexpr = D // 256
+        t = ((pid - 1) // NB).to(tl.int64)
+        b = (pid - 1) % NB
+        x = tl.load(v_ptr + t * D + b * 256 + 8 * tl.arange(0, 32)[:, None] + tl.arange(0, 8)[None, :])   # [32, 8]
+        _quant_runs(xq_ptr + t * (D * 7 // 8), D, b * 32, x, 32)
 
 
 @triton.jit
 def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
-                       ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE, NSB: tl.constexpr,
-                       GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr, UPF: tl.constexpr,
-                       COMPACT: tl.constexpr):
-    """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t), float32 FMA."""
+                       ksigns_ptr, xq_ptr, dp_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE,
+                       NSB: tl.constexpr, GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr,
+                       UPF: tl.constexpr, COMPACT: tl.constexpr):
+    """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t): IQ2_XXS on the integers of
+    _quant_runs (xq), the other types by float32 FMA."""
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
         e = tl.load(ids_ptr + pair).to(tl.int64)
-        x_ptr = v_ptr + (pair // n_slots).to(tl.int64) * (NSB * 256)
+        t = (pair // n_slots).to(tl.int64)
+        x_ptr = v_ptr + t * (NSB * 256)
+        xq_row = xq_ptr + t * (NSB * 224)                                   # D * 7/8 words per token
         row0 = tl.program_id(1) * BR
-        g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR, GPF)
-        u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
+        if GT == 16:
+            g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
+        else:
+            g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR, GPF)
+        if UT == 16:
+            u = _iq2_dp_rows(up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, UPF)
+        else:
+            u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
         w = tl.load(wts_ptr + pair)
         tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
 
@@ -582,24 +756,27 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
 @dataclass
 class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
-    order, cnt: int32 [T*k] (the items); h: float32 [T*k, F]; y: float32 [T*k, D]."""
+    order, cnt: int32 [T*k] (the items); h: float32 [T*k, F]; y: float32 [T*k, D]; xq: int32 [T, D*7/8] (the
+    activations as _quant_runs stores them, for IQ2_XXS gate/up)."""
     order: torch.Tensor
     cnt: torch.Tensor
     h: torch.Tensor
     y: torch.Tensor
+    xq: torch.Tensor
 
     @classmethod
     def create(cls, T: int, k: int, D: int, F: int, device) -> "MoEWorkspace":
         P = T * k
         return cls(torch.empty(P, dtype=torch.int32, device=device), torch.empty(P, dtype=torch.int32, device=device),
                    torch.empty(P, F, dtype=torch.float32, device=device),
-                   torch.empty(P, D, dtype=torch.float32, device=device))
+                   torch.empty(P, D, dtype=torch.float32, device=device),
+                   torch.empty(T, D * 7 // 8, dtype=torch.int32, device=device))
 
 
 def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
     """The items of a long call, built with torch and listed (the listing synchronizes with the host: long calls are
-    prefill chunks, never captured). ids: [P] pair -> expert. Returns order, cnt (as _moe_items makes them, items of up
-    to `cap` pairs) and the sorted positions where one-pair and multi-pair items start, int32."""
+    prefill chunks, never captured). ids: [P] pair -> expert. Returns order, cnt (as _moe_prepare makes them, items of
+    up to `cap` pairs) and the sorted positions where one-pair and multi-pair items start, int32."""
     ids = ids.long()
     P = ids.numel()
     order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
@@ -649,36 +826,43 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     k = ids.shape[1]
     P = T * k
     ws = workspace or MoEWorkspace.create(T, k, D, F, device)
-    if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,):
+    if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
+            or ws.xq.shape != (T, D * 7 // 8):
         raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D})")
     if out is not None and (out.shape != (T, D) or out.dtype != torch.float32):
         raise ValueError(f"moe_forward out: expected float32 [{T}, {D}], got {out.dtype} {list(out.shape)}")
     v, ids = v.contiguous(), ids.contiguous()
     weights = weights.to(torch.float32).contiguous()
-    grid_tab, ksigns_tab = _tables(device)
+    grid_tab, ksigns_tab, dp_tab = _tables(device)
 
+    quant = IQ2_XXS in (gate_type, up_type)          # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers
     if long:
         order, cnt, singles, multis = _long_items(ids.reshape(-1), gate_blocks.shape[0], cap)
         ws.order.copy_(order)
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
+        if quant and n_single:
+            _moe_prepare[(1 + T * (D // QK),)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4)
     else:
         pairs_only = T <= SINGLE_MAX_T
-        _moe_items[(1,)](ids, ws.order, ws.cnt, P, ITEM_CAP=1 if pairs_only else CAP,
-                         PB=max(16, triton.next_power_of_2(P)), num_warps=4)
+        _moe_prepare[(1 + T * (D // QK) * quant,)](ids, ws.order, ws.cnt, P, v, ws.xq,
+                                                   ITEM_CAP=1 if pairs_only else CAP,
+                                                   PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4)
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
-    gu_rest = (gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab, k, F, ge, ue, float(clamp))
+    gu_rest = (k, F, ge, ue, float(clamp))
     dn_args = (ws.h, ids, ws.order, ws.cnt)
     dn_rest = (down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
     if n_single:
-        _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, *gu_rest, ONE_BITS, NSB=D // QK, GT=gate_type,
-                                                 UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
+        _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
+                                                 ws.xq, dp_tab, *gu_rest, ONE_BITS, NSB=D // QK,
+                                                 GT=gate_type, UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
                                                  num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
     if n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
-        _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
+        _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
+                                               *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
                                                COMPACT=long, num_warps=mwarps,
                                                **({"num_stages": mstages} if long else {}))
@@ -703,7 +887,7 @@ def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> t
     n, K = blocks.shape[0], blocks.shape[1] // bs * QK
     out = torch.empty(n, K, dtype=torch.float32, device=blocks.device)
     if n:
-        grid_tab, ksigns_tab = _tables(blocks.device)
+        grid_tab, ksigns_tab, _ = _tables(blocks.device)
         _dequant_rows[(triton.cdiv(n, br), K // QK)](blocks, out, n, K, grid_tab, ksigns_tab,
                                                      TYPE=ggml_type, BS=bs, NS=ns, L=l, BR=br)
     return out
