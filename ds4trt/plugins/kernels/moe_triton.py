@@ -89,8 +89,8 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
 # Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
 # q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
-# dot products (_iq2_dp_rows): 16 rows x 4 warps, no prefetch (q2 layer 60.1 us; 61.0 at (32, 8), 68.3 at (32, 4)
-# with prefetch: the kernel is latency-bound, so more programs pay).
+# dot products (_iq2_dp_rows): 16 rows x 4 warps, no prefetch, the fastest of the sweep in BENCHMARKS.md (608715f;
+# next (32, 8) +1.4 us, (32, 4) +5.2 us: with fewer instructions the loop is latency-bound and more programs pay).
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 # Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
