@@ -46,7 +46,10 @@ pytestmark = pytest.mark.skipif(not (GPU or INTERP), reason=_WHY)
 gpu_only = pytest.mark.skipif(not GPU, reason="Flash widths: needs a CUDA GPU (scripts/gpu_kernels.sh)")
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16
-MIXES = {"iq2_iq2_q2k": (IQ2_XXS, IQ2_XXS, Q2_K), "q4k": (Q4_K, Q4_K, Q4_K), "q2k": (Q2_K, Q2_K, Q2_K)}
+# (gate, up, down) types: ds4's q2 and q4 mixes, all Q2_K, and all IQ2_XXS (the only mix with an IQ2_XXS down, whose
+# one-pair kernel is the float path: gate and up read IQ2_XXS on integer dot products)
+MIXES = {"iq2_iq2_q2k": (IQ2_XXS, IQ2_XXS, Q2_K), "q4k": (Q4_K, Q4_K, Q4_K), "q2k": (Q2_K, Q2_K, Q2_K),
+         "iq2x3": (IQ2_XXS, IQ2_XXS, IQ2_XXS)}
 TOL = 1e-5
 CLAMP = 10.0
 T_GPU = (1, 2, 3, 4, 8, 16)
@@ -439,7 +442,7 @@ def test_every_variant_compiles_for_sm90():
         for P, D in ((6, 4096), (96, 512)):
             ok(M._moe_prepare.warmup(i64, i32, i32, P, f32, i32, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()),
                                      D=D, num_warps=4, grid=(1,)))
-        for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10)):
+        for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
                 ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
                 (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
@@ -509,7 +512,7 @@ def test_every_variant_compiles_for_sm90():
         # the decode kernels (one-pair MoE, Q8_0 for T <= 4) at their default launch shapes must not spill registers
         # to local memory (the multi-pair MoE kernels do: see the closing notes; not asserted here)
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
-        for gt, dt in ((16, 10), (12, 12), (10, 10)):
+        for gt, dt in ((16, 10), (12, 12), (10, 10), (16, 16)):
             (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
             k = M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, 2048, 1, 1,
                 10.0, M.ONE_BITS, NSB=16, GT=gt, UT=gt, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=False, num_warps=gw,
