@@ -604,7 +604,7 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
         e = tl.load(ids_ptr + pair).to(tl.int64)
         t = (pair // n_slots).to(tl.int64)
         x_ptr = v_ptr + t * (NSB * 256)
-        xq_row = xq_ptr + t * (NSB * 224)                                   # D * 7/8 words per token
+        xq_row = xq_ptr + t * (NSB * 256 * 7 // 8)
         row0 = tl.program_id(1) * BR
         if GT == 16:
             g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
@@ -753,6 +753,11 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
     return rows * want_row
 
 
+def xq_words(D: int) -> int:
+    """int32 words of one token's activations as _quant_runs stores them (h int8, l int16, u float32 per 8)."""
+    return D * 7 // 8
+
+
 @dataclass
 class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
@@ -770,7 +775,7 @@ class MoEWorkspace:
         return cls(torch.empty(P, dtype=torch.int32, device=device), torch.empty(P, dtype=torch.int32, device=device),
                    torch.empty(P, F, dtype=torch.float32, device=device),
                    torch.empty(P, D, dtype=torch.float32, device=device),
-                   torch.empty(T, D * 7 // 8, dtype=torch.int32, device=device))
+                   torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
 
 
 def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
@@ -827,7 +832,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     P = T * k
     ws = workspace or MoEWorkspace.create(T, k, D, F, device)
     if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
-            or ws.xq.shape != (T, D * 7 // 8):
+            or ws.xq.shape != (T, xq_words(D)):
         raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D})")
     if out is not None and (out.shape != (T, D) or out.dtype != torch.float32):
         raise ValueError(f"moe_forward out: expected float32 [{T}, {D}], got {out.dtype} {list(out.shape)}")
@@ -835,19 +840,19 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     weights = weights.to(torch.float32).contiguous()
     grid_tab, ksigns_tab, dp_tab = _tables(device)
 
-    quant = IQ2_XXS in (gate_type, up_type)          # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers
+    # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers: one _moe_prepare program per block of a token
+    quant_programs = T * (D // QK) if IQ2_XXS in (gate_type, up_type) else 0
     if long:
         order, cnt, singles, multis = _long_items(ids.reshape(-1), gate_blocks.shape[0], cap)
         ws.order.copy_(order)
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
-        if quant and n_single:
-            _moe_prepare[(1 + T * (D // QK),)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4)
+        if quant_programs and n_single:
+            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4)
     else:
         pairs_only = T <= SINGLE_MAX_T
-        _moe_prepare[(1 + T * (D // QK) * quant,)](ids, ws.order, ws.cnt, P, v, ws.xq,
-                                                   ITEM_CAP=1 if pairs_only else CAP,
-                                                   PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4)
+        _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
+                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4)
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
     gu_rest = (k, F, ge, ue, float(clamp))
