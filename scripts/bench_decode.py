@@ -40,7 +40,7 @@ from ds4trt.gguf_io.dequant import tensor_nbytes, type_name  # noqa: E402
 from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.layout import target_layout  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
-from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, Q8Linear, compile_blocks, to_device  # noqa: E402
+from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, compile_blocks, cuda_linear, to_device  # noqa: E402
 from ds4trt.runtime.cache import CacheState  # noqa: E402
 from ds4trt.testing.flash_sparse import EXPERT_MIXES, spec_type  # noqa: E402
 
@@ -155,7 +155,7 @@ def main() -> int:
     w = SyntheticWeights(cfg)
     with torch.no_grad():
         model = to_device(Transformer(cfg, w, "ds4", experts=CudaExperts.from_weights,
-                                      linear=Q8Linear.from_weights), "cuda")
+                                      linear=cuda_linear), "cuda")
     if args.compile:
         compile_blocks(model)
     torch.cuda.synchronize()

@@ -37,7 +37,7 @@ from ds4trt.testing.tiny_gguf import random_quant
 from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import attn_triton, hc_triton, moe_triton, q8_triton
+    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, moe_triton, q8_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -405,6 +405,23 @@ def test_attend_vs_float64(shape):
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
 
 
+# (N, K): the router, a ratio-4 compressor, the indexer's query projection and per-head weights at Flash width; odd
+# sizes (a partial row tile, K not a multiple of the K tile)
+F16_SHAPES = [(256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (100, 200)] if GPU else [(64, 256), (37, 100)]
+
+
+@pytest.mark.parametrize("shape", F16_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_f16_matmul_vs_float64(shape):
+    """The F16 matrix product against float64 on fresh random f16 weights and float32 rows, T = 1..MAX_T."""
+    N, K = shape
+    g = torch.Generator().manual_seed(_seed("f16", *shape))
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).half()
+    for T in range(1, f16_triton.MAX_T + 1):
+        x = torch.randn(T, K, generator=g) * 3
+        got = f16_triton.f16_matmul(x.to(DEVICE), w.to(DEVICE))
+        assert _rel(got, x.double() @ w.double().T) <= TOL, f"T = {T}"
+
+
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
@@ -478,7 +495,11 @@ def test_every_variant_compiles_for_sm90():
                                          grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
-        from ds4trt.plugins.kernels import attn_triton as A, hc_triton as H
+        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H
+        for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096)):
+            br, bk = F16.launch_shape(N, K)
+            for T in range(1, F16.MAX_T + 1):
+                ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))
         for K in (194, 1154):
             ns = -(-K // A.KS)
             ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=A.KS, NS=ns,

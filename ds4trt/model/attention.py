@@ -52,18 +52,19 @@ class Compressor(nn.Module):
     Ratio 4 overlaps: row c pools block c-1 (first half of the projection) and block c (second half).
     """
 
-    def __init__(self, cfg: ModelConfig, ratio: int, width: int, kv: torch.Tensor, gate: torch.Tensor,
+    def __init__(self, cfg: ModelConfig, ratio: int, width: int, kv: nn.Module, gate: nn.Module,
                  ape: torch.Tensor, norm: torch.Tensor, post):
+        """kv, gate: the [coff*width, D] projections (model/linear.py's contract, built by the `linear` factory)."""
         super().__init__()
         self.cfg, self.ratio, self.width = cfg, ratio, width
         self.coff = 2 if ratio == 4 else 1
-        self.kv, self.gate, self.ape, self.norm = _param(kv), _param(gate), _param(ape), _param(norm)
+        self.kv, self.gate, self.ape, self.norm = kv, gate, _param(ape), _param(norm)
         self.freq = inv_freq(cfg, compressed=True)
         self.post = post  # rounding applied to each emitted row (FP8 / Hadamard+FP4 / identity)
 
     def project(self, u: torch.Tensor, pos: torch.Tensor):
         """u: [T, D], pos: [T] -> kv, score: [T, coff*width]"""
-        return u @ self.kv.T, u @ self.gate.T + self.ape[pos % self.ratio]
+        return self.kv(u), self.gate(u) + self.ape[pos % self.ratio]
 
     def emit(self, kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
              start: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,8 @@ class Compressor(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, weights, numerics: str, prefix: str, linear=Linear.from_weights):
         """`weights.get(name)` returns a float32 tensor for a GGUF tensor name; `prefix` is 'blk.N.' or 'mtp.0.';
-        `linear(weights, name, groups)` builds the Q8_0 projections (model/linear.py)."""
+        `linear(weights, name, groups)` builds the projections (model/linear.py): the Q8_0 ones and the F16
+        compressor and indexer matrices."""
         super().__init__()
         w = weights.get
         self.cfg, self.ratio = cfg, cfg.ratio(layer) if prefix.startswith("blk.") else 0
@@ -117,17 +119,17 @@ class Attention(nn.Module):
         keep = lambda x: x  # noqa: E731
         fp8 = (lambda x: fp8_kv_row(x, cfg.n_nope)) if self.ds4 else keep
         if self.ratio:
-            self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, w(prefix + "attn_compressor_kv.weight"),
-                                         w(prefix + "attn_compressor_gate.weight"),
+            self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, lin("attn_compressor_kv.weight"),
+                                         lin("attn_compressor_gate.weight"),
                                          w(prefix + "attn_compressor_ape.weight"),
                                          w(prefix + "attn_compressor_norm.weight"), fp8)
         if self.ratio == 4:
             self.register_buffer("hadamard", hadamard_matrix(cfg.index_head_dim), persistent=False)
             qat = (lambda x: indexer_qat(x, self.hadamard)) if self.ds4 else keep
             self.qat = qat
-            self.index_q_b, self.index_proj = g("indexer.attn_q_b.weight"), g("indexer.proj.weight")
-            self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, w(prefix + "indexer_compressor_kv.weight"),
-                                               w(prefix + "indexer_compressor_gate.weight"),
+            self.index_q_b, self.index_proj = lin("indexer.attn_q_b.weight"), lin("indexer.proj.weight")
+            self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, lin("indexer_compressor_kv.weight"),
+                                               lin("indexer_compressor_gate.weight"),
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
@@ -200,10 +202,10 @@ class Attention(nn.Module):
         (all visible rows when at most top-k are visible). Ties keep the lower row index."""
         cfg = self.cfg
         T, nh, di = u.shape[0], cfg.index_n_head, cfg.index_head_dim
-        qi = (qn @ self.index_q_b.T).reshape(T, nh, di)
+        qi = self.index_q_b(qn).reshape(T, nh, di)
         cos, sin = rope_cos_sin(self.freq, pos)
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
-        wi = (u @ self.index_proj.T) / (di * nh) ** 0.5              # [T, nh]
+        wi = self.index_proj(u) / (di * nh) ** 0.5                  # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
         def score_rows(w, q):                                       # [t, nh], [t, nh, di] -> [t, Kc+T]
             return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))

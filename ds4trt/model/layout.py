@@ -19,6 +19,7 @@ class TensorSpec:
     ggml_shape: tuple[int, ...]     # ne0 first
     optional: bool = False
     same_type_as: str | None = None  # gate/up experts must share a type
+    matmul: bool = False             # an F16 matrix the model applies as x @ W.T through its `linear` factory
 
     @property
     def shape(self) -> tuple[int, ...]:  # torch / numpy order
@@ -47,7 +48,7 @@ def _block_specs(cfg: ModelConfig, prefix: str, ratio: int, hash_routed: bool, p
         t("attn_output_a.weight", Q8, (H * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank)),
         t("attn_output_b.weight", Q8, (cfg.o_groups * cfg.o_lora_rank, D)),
         t("ffn_norm.weight", F32, (D,)),
-        t("ffn_gate_inp.weight", F16, (D, cfg.n_expert)),
+        t("ffn_gate_inp.weight", F16, (D, cfg.n_expert), matmul=True),
         t("exp_probs_b.bias", F32, (cfg.n_expert,), optional=bias_optional),
         t("ffn_gate_exps.weight", N.EXPERT_TYPES, (D, cfg.expert_ff, cfg.n_expert)),
         t("ffn_up_exps.weight", N.EXPERT_TYPES, (D, cfg.expert_ff, cfg.n_expert),
@@ -60,16 +61,16 @@ def _block_specs(cfg: ModelConfig, prefix: str, ratio: int, hash_routed: bool, p
     if ratio:
         wc = (2 if ratio == 4 else 1) * d
         specs += [t("attn_compressor_ape.weight", F16, (wc, ratio)),
-                  t("attn_compressor_kv.weight", F16, (D, wc)),
-                  t("attn_compressor_gate.weight", F16, (D, wc)),
+                  t("attn_compressor_kv.weight", F16, (D, wc), matmul=True),
+                  t("attn_compressor_gate.weight", F16, (D, wc), matmul=True),
                   t("attn_compressor_norm.weight", F32, (d,))]
     if ratio == 4:
         i, ih = cfg.index_head_dim, cfg.index_n_head
-        specs += [t("indexer.attn_q_b.weight", F16, (cfg.q_lora_rank, ih * i)),
-                  t("indexer.proj.weight", F16, (D, ih)),
+        specs += [t("indexer.attn_q_b.weight", F16, (cfg.q_lora_rank, ih * i), matmul=True),
+                  t("indexer.proj.weight", F16, (D, ih), matmul=True),
                   t("indexer_compressor_ape.weight", F16, (2 * i, 4)),
-                  t("indexer_compressor_kv.weight", F16, (D, 2 * i)),
-                  t("indexer_compressor_gate.weight", F16, (D, 2 * i)),
+                  t("indexer_compressor_kv.weight", F16, (D, 2 * i), matmul=True),
+                  t("indexer_compressor_gate.weight", F16, (D, 2 * i), matmul=True),
                   t("indexer_compressor_norm.weight", F32, (i,))]
     if hash_routed:
         specs.append(t("ffn_gate_tid2eid.weight", (N.I32,), (cfg.n_expert_used, cfg.n_vocab)))

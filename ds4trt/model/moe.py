@@ -15,14 +15,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, clamp: float) -> torch.Tensor:
     return F.silu(torch.clamp(gate, max=clamp)) * torch.clamp(up, -clamp, clamp)
 
 
-def route(v: torch.Tensor, gate_inp: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
+def route(logits: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
           tokens: torch.Tensor, k: int, scale: float):
     """Pick k experts per token and their weights.
 
-    v: [T, D]; gate_inp: [E, D]; bias: [E] or None; tid2eid: [V, k] or None (hash layer); tokens: [T]
-    returns ids [T, k] int64, weights [T, k]
+    logits: [T, E] the router's products v @ gate_inp.T; bias: [E] or None; tid2eid: [V, k] or None (hash layer);
+    tokens: [T]. returns ids [T, k] int64, weights [T, k]
     """
-    probs = torch.sqrt(F.softplus(v @ gate_inp.T))                  # [T, E]
+    probs = torch.sqrt(F.softplus(logits))                          # [T, E]
     if tid2eid is not None:
         ids = tid2eid[tokens].long()
     else:

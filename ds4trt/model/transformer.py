@@ -31,7 +31,7 @@ class FeedForward(nn.Module):
         self.cfg = cfg
         w = weights.get
         g = lambda s: _param(w(prefix + s))  # noqa: E731
-        self.norm, self.gate_inp = g("ffn_norm.weight"), g("ffn_gate_inp.weight")
+        self.norm, self.gate_inp = g("ffn_norm.weight"), linear(weights, prefix + "ffn_gate_inp.weight")
         self.bias = g("exp_probs_b.bias") if weights.has(prefix + "exp_probs_b.bias") else None
         self.register_buffer("tid2eid", w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None,
                              persistent=False)                                       # [V, k]
@@ -43,7 +43,7 @@ class FeedForward(nn.Module):
         """y: [T, D], tokens: [T] -> [T, D]"""
         cfg = self.cfg
         v = rms_norm(y, self.norm, cfg.rms_eps)
-        ids, weights = route(v, self.gate_inp, self.bias, self.tid2eid, tokens, cfg.n_expert_used,
+        ids, weights = route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                              cfg.expert_weight_scale)
         return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp)
 

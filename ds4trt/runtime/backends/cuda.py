@@ -5,8 +5,8 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
     s = engine.session(4096)                                 # the same Session / speculative loop as on the CPU
 
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
-bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks); F16/F32 tensors (norms, HC,
-router, compressors, indexer, embedding) as float32.
+bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
+compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as one (attn_triton).
 No float copy of a quantized weight is kept.
@@ -33,11 +33,11 @@ from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, attend
 from ds4trt.model.hc import hc_pre
-from ds4trt.model.linear import project
+from ds4trt.model.linear import Linear, project
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, hc_triton, moe_triton, q8_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, moe_triton, q8_triton
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
@@ -151,6 +151,43 @@ class Q8Linear(nn.Module):
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
+@torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
+def f16_matmul_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return f16_triton.f16_matmul(x, w)
+
+
+@f16_matmul_op.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+class F16Linear(nn.Module):
+    """x @ W.T for an F16 GGUF matrix kept as float16 (the routers, compressors and indexer projections: half the
+    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else the weight made float32 for
+    the one product (prefill chunks)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight.to(torch.float16))            # [N, K], the F16 values exactly
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., K] float32 -> [..., N]"""
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] > f16_triton.MAX_T:
+            return x @ self.weight.float().T
+        return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+def cuda_linear(weights, name: str, groups: int = 1) -> nn.Module:
+    """The model's `linear` factory on this backend: Q8_0 -> Q8Linear, F16 -> F16Linear, F32 -> Linear."""
+    t = weights.type_of(name)
+    if t == N.Q8_0:
+        return Q8Linear.from_weights(weights, name, groups)
+    if t == N.F16 and groups == 1:
+        return F16Linear(weights.get(name))
+    return Linear.from_weights(weights, name, groups)
+
+
 class CudaExperts(GGUFExperts):
     """ds4::MoE computed by moe_forward (Triton) on the GGUF blocks (a prefill chunk in one call: each expert's
     blocks are read once per 64 of its tokens)."""
@@ -255,13 +292,16 @@ def compile_blocks(*models: nn.Module) -> None:
 
 def resident_bytes(weights) -> int:
     """Device bytes of a GGUF's weights in this backend: routed experts as their blocks, Q8_0 projections as
-    split_q8's arrays (rows padded to 256 values), F16/F32 as float32, I32 (the hash-routing table) as int64."""
+    split_q8's arrays (rows padded to 256 values), the F16 matrices applied through `linear` as float16, other
+    F16/F32 tensors as float32, I32 (the hash-routing table) as int64."""
     total = 0
     for name in weights.specs:
         if weights.has(name):
             t, shape = weights.type_of(name), weights.shape_of(name)
             n = math.prod(shape)
-            if t in (N.F16, N.F32, N.I32):
+            if t == N.F16 and weights.specs[name].matmul:
+                total += 2 * n                                           # F16Linear
+            elif t in (N.F16, N.F32, N.I32):
                 total += (8 if t == N.I32 else 4) * n
             elif t == N.Q8_0 and len(shape) == 2:
                 total += q8_triton.split_bytes(*shape)
@@ -286,7 +326,7 @@ def open_engine(gguf_path: str | Path, mtp_path: str | Path | None = None, numer
     if torch.device(device).type == "cuda":
         _check_memory(device, resident_bytes(weights) + (resident_bytes(mtp_weights) if mtp_weights else 0),
                       str(gguf_path) + (f" + {mtp_path}" if mtp_path is not None else ""))
-    kernels = dict(experts=CudaExperts.from_weights, linear=Q8Linear.from_weights)
+    kernels = dict(experts=CudaExperts.from_weights, linear=cuda_linear)
     model = to_device(Transformer(cfg, weights, numerics, **kernels), device)
     mtp = to_device(MTPHead(model, mtp_weights, **kernels), device) if mtp_weights is not None else None
     if compile:

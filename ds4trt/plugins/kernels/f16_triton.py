@@ -1,0 +1,77 @@
+"""F16 matrix products in Triton (the routers, compressors and indexer projections, kept as float16): out = x @ W.T
+for T = 1..MAX_T rows of x, W read as float16 and accumulated in float32.
+
+    f16_matmul(x [T, K] f32, w [N, K] f16) -> [T, N] f32, 1 <= T <= MAX_T
+
+One launch, grid (N / BR): a program holds BR rows of W in tiles of BK values (16-byte loads along K, the f16
+values made exact float32) and multiplies each by the T rows of x into [BR, BK] float32 partial products,
+reduced across the lanes once at the end. BR grows with N so that there are about MIN_PROGRAMS programs (a
+router of 256 rows: one row per program; the indexer's query projection of 8192 rows: 32). The CUDA backend
+held these tensors as float32 for cuBLAS GEMVs: twice the bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_T = 4               # rows of x per call (decode, verify of up to 3 drafts); longer steps use torch
+MIN_PROGRAMS = 256
+TILE = 2048             # BR * BK: 16 float32 partial products per thread and row of x at 4 warps
+
+
+@triton.jit(do_not_specialize=["KS"])
+def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr):
+    """out[0:TP, rows] for BR rows of w from program_id(0) * BR. KS (= K) is w's row stride as a runtime value the
+    compiler only knows to be a multiple of 4: w is then read 4 halves (8 bytes) per load, and x, read in the same
+    [BR, BK] shape, 4 floats per load, so both tiles get one layout (8-byte f16 loads against 16-byte f32 loads
+    gave two, and the loop converted x through shared memory)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = rows < N
+    c = tl.arange(0, BK)[None, :]
+    wp = w_ptr + tl.multiple_of(rows.to(tl.int64) * KS, 4)[:, None] + c                  # [BR, BK]
+    xo = c + 0 * rows[:, None]                                                           # [BR, BK]: x's offsets
+    acc0 = tl.zeros([BR, BK], tl.float32)
+    acc1 = tl.zeros([BR, BK], tl.float32)
+    acc2 = tl.zeros([BR, BK], tl.float32)
+    acc3 = tl.zeros([BR, BK], tl.float32)
+    for k in range(0, K, BK):
+        km = k + c < K
+        w = tl.load(wp + k, mask=rm[:, None] & km, other=0.0).to(tl.float32)
+        acc0 += w * tl.load(x_ptr + k + xo, mask=km, other=0.0)
+        if TP > 1:
+            acc1 += w * tl.load(x_ptr + K + k + xo, mask=km, other=0.0)
+        if TP > 2:
+            acc2 += w * tl.load(x_ptr + 2 * K + k + xo, mask=km, other=0.0)
+        if TP > 3:
+            acc3 += w * tl.load(x_ptr + 3 * K + k + xo, mask=km, other=0.0)
+    tl.store(out_ptr + rows, tl.sum(acc0, axis=1), mask=rm)
+    if TP > 1:
+        tl.store(out_ptr + N + rows, tl.sum(acc1, axis=1), mask=rm)
+    if TP > 2:
+        tl.store(out_ptr + 2 * N + rows, tl.sum(acc2, axis=1), mask=rm)
+    if TP > 3:
+        tl.store(out_ptr + 3 * N + rows, tl.sum(acc3, axis=1), mask=rm)
+
+
+def launch_shape(N: int, K: int) -> tuple[int, int]:
+    """(rows per program, K tile): about MIN_PROGRAMS programs, BR * BK = TILE."""
+    br = 1
+    while br < 64 and N // (2 * br) >= MIN_PROGRAMS:
+        br *= 2
+    return br, min(TILE // br, triton.next_power_of_2(K))
+
+
+def f16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T."""
+    T, K = x.shape
+    if not 1 <= T <= MAX_T or x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 \
+            or w.shape[1] != K:
+        raise ValueError(f"f16_matmul: expected float32 x [1..{MAX_T}, K] and float16 w [N, K], got x {x.dtype} "
+                         f"{list(x.shape)}, w {w.dtype} {list(w.shape)}")
+    N = w.shape[0]
+    out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    br, bk = launch_shape(N, K)
+    _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4)
+    return out
