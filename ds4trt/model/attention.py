@@ -42,6 +42,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Te
     return torch.einsum("thk,kd->thd", p, k)                    # V = K
 
 
+def index_score(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The indexer's score of each compressed row: w [t, nh] head weights, q [t, nh, di] queries, keys [K, di]
+    -> [t, K] = sum over heads of w * relu(q . key)."""
+    return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.to(torch.float32), requires_grad=False)
 
@@ -131,7 +137,8 @@ class Attention(nn.Module):
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
-        self.attend = attend             # a backend may set a kernel with attend's signature
+        self.attend = attend             # a backend may set kernels with the signatures of attend and index_score
+        self.index_score = index_score
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
@@ -205,9 +212,7 @@ class Attention(nn.Module):
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
         wi = (u @ self.index_proj.T) / (di * nh) ** 0.5              # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
-        def score_rows(w, q):                                       # [t, nh], [t, nh, di] -> [t, Kc+T]
-            return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
-        score = _by_query_blocks(score_rows, wi, qi)                # [T, Kc+T]
+        score = _by_query_blocks(lambda w, q: self.index_score(w, q, keys), wi, qi)   # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
         top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
