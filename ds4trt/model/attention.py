@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.linear import Linear
-from ds4trt.model.numerics import fp8_kv_row, hadamard_matrix, indexer_qat, rms_norm, round_f16
+from ds4trt.model.numerics import fp8_kv_row, indexer_qat, rms_norm, round_f16
 from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
 
@@ -128,8 +128,7 @@ class Attention(nn.Module):
                                          w(prefix + "attn_compressor_ape.weight"),
                                          w(prefix + "attn_compressor_norm.weight"), fp8)
         if self.ratio == 4:
-            self.register_buffer("hadamard", hadamard_matrix(cfg.index_head_dim), persistent=False)
-            qat = (lambda x: indexer_qat(x, self.hadamard)) if self.ds4 else keep
+            qat = indexer_qat if self.ds4 else keep
             self.qat = qat
             self.index_q_b, self.index_proj = g("indexer.attn_q_b.weight"), g("indexer.proj.weight")
             self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, w(prefix + "indexer_compressor_kv.weight"),
