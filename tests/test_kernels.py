@@ -37,7 +37,7 @@ from ds4trt.testing.tiny_gguf import random_quant
 from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, moe_triton, q8_triton
+    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -422,6 +422,27 @@ def test_f16_matmul_vs_float64(shape):
         assert _rel(got, x.double() @ w.double().T) <= TOL, f"T = {T}"
 
 
+# (nh, di, K): Flash's indexer (64 heads of 128, 2k context: 512 compressed rows + 1, a partial last program),
+# a tiny model's 4 heads of 32
+INDEX_SHAPES = [(64, 128, 513), (4, 32, 37)] if GPU else [(8, 128, 37), (4, 32, 5)]
+
+
+@pytest.mark.parametrize("shape", INDEX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_index_score_vs_float64(shape):
+    """The indexer-score kernel against model/attention.py index_score in float64, fresh random weights, queries and
+    keys (relu clips about half of the products)."""
+    from ds4trt.model.attention import index_score
+
+    nh, di, K = shape
+    g = torch.Generator().manual_seed(_seed("index", *shape))
+    for T in (T_GPU if GPU else (1, 3)):
+        w, q, keys = torch.randn(T, nh, generator=g), torch.randn(T, nh, di, generator=g), torch.randn(K, di, generator=g)
+        want = index_score(w.double(), q.double(), keys.double())
+        got = index_triton.index_score_triton(w.to(DEVICE), q.to(DEVICE), keys.to(DEVICE))
+        assert got.shape == want.shape
+        assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+
+
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
@@ -495,11 +516,12 @@ def test_every_variant_compiles_for_sm90():
                                          grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
-        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H
+        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X
         for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096)):
             br, bk = F16.launch_shape(N, K)
             for T in range(1, F16.MAX_T + 1):
                 ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))
+        ok(X._index_score.warmup(f32, f32, f32, f32, 513, NH=64, DI=128, KB=X.KB, num_warps=4, grid=(1,)))
         for K in (194, 1154):
             ns = -(-K // A.KS)
             ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=A.KS, NS=ns,

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ds4trt.model.numerics import (fp4_roundtrip, fp8_kv_row, fp8_roundtrip, hadamard_matrix, indexer_qat,
-                                   rms_norm, round_e2m1, round_e4m3)
+from ds4trt.model.numerics import (fp4_roundtrip, fp8_kv_row, fp8_roundtrip, hadamard_matrix, hadamard_rotate,
+                                   indexer_qat, rms_norm, round_e2m1, round_e4m3)
 from ds4trt.model.rope import apply_rope_tail, inv_freq
 from ds4trt.model.config import ModelConfig
 
@@ -111,8 +111,16 @@ def test_indexer_qat_hand_case():
     # 2^ceil(log2(0.0884/6)) = 2^-6, and 0.0884 / 2^-6 = 5.66 rounds to 6 -> every value 6 * 2^-6
     x = torch.zeros(128, dtype=torch.float64)
     x[0] = 1.0
-    y = indexer_qat(x, hadamard_matrix(128, torch.float64))
+    y = indexer_qat(x)
     assert torch.equal(y, torch.full((128,), 6 * 2.0 ** -6, dtype=torch.float64))
+
+
+def test_hadamard_rotate_is_the_matrix_product():
+    """The butterfly transform against x @ H.T on fresh random rows, float64, for every size it meets (and 1)."""
+    g = torch.Generator().manual_seed(11)
+    for n in (1, 2, 8, 64, 128):
+        x = torch.randn(3, 5, n, generator=g, dtype=torch.float64)
+        assert torch.allclose(hadamard_rotate(x), x @ hadamard_matrix(n, torch.float64).T, rtol=0, atol=1e-13)
 
 
 # ---- RMSNorm, RoPE ----

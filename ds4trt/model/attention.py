@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.linear import Linear
-from ds4trt.model.numerics import fp8_kv_row, hadamard_matrix, indexer_qat, rms_norm, round_f16
+from ds4trt.model.numerics import fp8_kv_row, indexer_qat, rms_norm, round_f16
 from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
 
@@ -40,6 +40,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Te
     sink = sinks[None, :, None].expand(q.shape[0], q.shape[1], 1)
     p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
     return torch.einsum("thk,kd->thd", p, k)                    # V = K
+
+
+def index_score(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The indexer's score of each compressed row: w [t, nh] head weights, q [t, nh, di] queries, keys [K, di]
+    -> [t, K] = sum over heads of w * relu(q . key)."""
+    return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -124,8 +130,7 @@ class Attention(nn.Module):
                                          w(prefix + "attn_compressor_ape.weight"),
                                          w(prefix + "attn_compressor_norm.weight"), fp8)
         if self.ratio == 4:
-            self.register_buffer("hadamard", hadamard_matrix(cfg.index_head_dim), persistent=False)
-            qat = (lambda x: indexer_qat(x, self.hadamard)) if self.ds4 else keep
+            qat = indexer_qat if self.ds4 else keep
             self.qat = qat
             self.index_q_b, self.index_proj = lin("indexer.attn_q_b.weight"), lin("indexer.proj.weight")
             self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, lin("indexer_compressor_kv.weight"),
@@ -133,7 +138,8 @@ class Attention(nn.Module):
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
-        self.attend = attend             # a backend may set a kernel with attend's signature
+        self.attend = attend             # a backend may set kernels with the signatures of attend and index_score
+        self.index_score = index_score
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
@@ -207,9 +213,7 @@ class Attention(nn.Module):
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
         wi = self.index_proj(u) / (di * nh) ** 0.5                  # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
-        def score_rows(w, q):                                       # [t, nh], [t, nh, di] -> [t, Kc+T]
-            return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
-        score = _by_query_blocks(score_rows, wi, qi)                # [T, Kc+T]
+        score = _by_query_blocks(lambda w, q: self.index_score(w, q, keys), wi, qi)   # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
         top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]

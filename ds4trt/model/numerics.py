@@ -98,9 +98,24 @@ def hadamard_matrix(n: int, dtype=torch.float32) -> torch.Tensor:
     return (1 - 2 * parity).to(dtype) / n ** 0.5
 
 
-def indexer_qat(x: torch.Tensor, hadamard: torch.Tensor) -> torch.Tensor:
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """x @ hadamard_matrix(n).T along the last dim (n a power of two) by the fast Walsh-Hadamard transform: log2(n)
+    butterfly stages of sums and differences, then 1/sqrt(n). Elementwise ops only, so a compiler fuses them into one
+    kernel (as a matrix product, [64 heads, 128] @ [128, 128] was a cuBLAS SGEMM with a split-K reduction)."""
+    n = x.shape[-1]
+    lead = x.shape[:-1]
+    h = 1
+    while h < n:
+        y = x.reshape(*lead, n // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        x = torch.stack((a + b, a - b), dim=-2).reshape(*lead, n)
+        h *= 2
+    return x * n ** -0.5
+
+
+def indexer_qat(x: torch.Tensor) -> torch.Tensor:
     """ds4's indexer quantization-aware rounding: rotate by H/sqrt(n), then FP4 round trip."""
-    return fp4_roundtrip(x @ hadamard.T, min(FP4_BLOCK, x.shape[-1]))
+    return fp4_roundtrip(hadamard_rotate(x), min(FP4_BLOCK, x.shape[-1]))
 
 
 def round_f16(x: torch.Tensor) -> torch.Tensor:

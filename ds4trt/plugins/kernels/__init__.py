@@ -8,6 +8,7 @@
     hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
     hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
     attn_triton.attend_triton     attention over given keys and mask with sinks (model/attention.py attend), T <= 16
+    index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)

@@ -8,7 +8,8 @@ Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as one (attn_triton).
+two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
+indexer's scores as one (index_triton).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -31,13 +32,13 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, attend
+from ds4trt.model.attention import Attention, attend, index_score
 from ds4trt.model.hc import hc_pre
 from ds4trt.model.linear import Linear, project
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, moe_triton, q8_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
@@ -117,6 +118,24 @@ def attend_kernel(q, k, mask, sinks):
     if q.shape[0] <= attn_triton.MAX_T:
         return attend_op(q, k, mask, sinks)
     return attend(q, k, mask, sinks)
+
+
+@torch.library.custom_op("ds4trt::index_score", mutates_args=())
+def index_score_op(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    return index_triton.index_score_triton(w, q, keys)
+
+
+@index_score_op.register_fake
+def _(w, q, keys):
+    return q.new_empty(q.shape[0], keys.shape[0])
+
+
+def index_score_kernel(w, q, keys):
+    """model/attention.py index_score on this backend: one kernel for steps of up to index_triton.MAX_T queries,
+    else the PyTorch version (prefill chunks)."""
+    if q.shape[0] <= index_triton.MAX_T:
+        return index_score_op(w, q, keys)
+    return index_score(w, q, keys)
 
 
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
@@ -199,14 +218,15 @@ class CudaExperts(GGUFExperts):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams and the attention of short steps become kernels (hc_reduce,
-    attend_kernel)."""
+    the hyper-connections' reduction of the streams, and the attention and the indexer's scores of short steps
+    become kernels (hc_reduce, attend_kernel, index_score_kernel)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
             m.reduce = hc_reduce
         if isinstance(m, Attention):
             m.attend = attend_kernel
+            m.index_score = index_score_kernel
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model

@@ -1,0 +1,50 @@
+"""The indexer's scores of a decode or verify step in Triton (model/attention.py index_score): for each query row t
+and compressed row k, sum over the heads h of w[t, h] * relu(q[t, h] . key[k]).
+
+    index_score_triton(w [T, nh] f32, q [T, nh, di] f32, keys [K, di] f32) -> [T, K] f32, T <= MAX_T
+
+One launch, grid (T, K / KB): a program loads KB keys once and runs over the heads (a dot of di values per key and
+head in registers, float32), so the [T, nh, K] products are never stored. In the compiled PyTorch step the same
+scores were a cuBLAS SGEMM with a split-K reduction, a division, the relu and a batched GEMV (~13 us per indexer
+layer at Flash width, 2k context, on the H200: the 4-layer trace in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
+KB = 16          # keys per program
+
+
+@triton.jit
+def _index_score(w_ptr, q_ptr, k_ptr, out_ptr, K, NH: tl.constexpr, DI: tl.constexpr, KB: tl.constexpr):
+    t = tl.program_id(0)
+    kk = tl.program_id(1) * KB + tl.arange(0, KB)
+    km = kk < K
+    c = tl.arange(0, DI)
+    keys = tl.load(k_ptr + kk[:, None].to(tl.int64) * DI + c[None, :], mask=km[:, None], other=0.0)   # [KB, DI]
+    acc = tl.zeros([KB], tl.float32)
+    for h in range(0, NH):
+        q = tl.load(q_ptr + (t * NH + h) * DI + c)                                                   # [DI]
+        acc += tl.load(w_ptr + t * NH + h) * tl.maximum(tl.sum(keys * q[None, :], axis=1), 0.0)
+    tl.store(out_ptr + t.to(tl.int64) * K + kk, acc, mask=km)
+
+
+def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """model/attention.py index_score for float32 w [T, nh], q [T, nh, di] (T <= MAX_T, di a power of two),
+    keys [K, di]."""
+    T, NH, DI = q.shape
+    K = keys.shape[0]
+    if not 1 <= T <= MAX_T or DI & (DI - 1) or w.shape != (T, NH) or keys.shape != (K, DI) \
+            or not all(x.dtype == torch.float32 for x in (w, q, keys)):
+        raise ValueError(f"index_score_triton: expected float32 w [T, nh], q [1..{MAX_T}, nh, di] (di a power of "
+                         f"two), keys [K, di]; got w {w.dtype} {list(w.shape)}, q {q.dtype} {list(q.shape)}, "
+                         f"keys {keys.dtype} {list(keys.shape)}")
+    out = torch.empty(T, K, dtype=torch.float32, device=q.device)
+    if K:
+        _index_score[(T, triton.cdiv(K, KB))](w.contiguous(), q.contiguous(), keys.contiguous(), out, K, NH=NH,
+                                               DI=DI, KB=KB, num_warps=4)
+    return out
