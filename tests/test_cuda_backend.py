@@ -95,6 +95,27 @@ def test_q8_linear_matches_linear(T, groups):
     assert rel <= 1e-5, f"relative error {rel:.2e}"
 
 
+@kernels
+@pytest.mark.parametrize("T", [1, 3, 20])
+def test_q8_pair_matches_the_two_projections(T):
+    """Q8Pair (attn_q_a + attn_kv, shared gate + up in one launch) against float64 products of each weight, and each
+    module alone still computing its own rows from its view of the shared weight; T = 20 takes the separate path."""
+    rng = np.random.default_rng(7 + T)
+    K = 96
+    (ba, wa), (bb, wb) = _q8_blocks(rng, 64, K), _q8_blocks(rng, 32, K)
+    a = cuda.Q8Linear(torch.from_numpy(ba).to(DEVICE), 64, K)
+    b = cuda.Q8Linear(torch.from_numpy(bb).to(DEVICE), 32, K)
+    pair = cuda.Q8Pair(a, b)
+    x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32))
+    ya, yb = pair(x.to(DEVICE), a, b)
+    for got, alone, w in ((ya, a(x.to(DEVICE)), wa), (yb, b(x.to(DEVICE)), wb)):
+        ref = x.double() @ torch.from_numpy(w).double().T
+        for y in (got, alone):
+            assert y.shape == ref.shape
+            rel = ((y.double().cpu() - ref).abs().max() / ref.abs().max()).item()
+            assert rel <= 1e-5, f"relative error {rel:.2e}"
+
+
 def _greedy_text(engine, text: str, n: int) -> list[int]:
     return greedy(engine, n, engine.tokenizer.encode(text), ctx=512, chunk=PREFILL_CHUNK)
 

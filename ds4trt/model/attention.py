@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.linear import Linear
+from ds4trt.model.linear import Linear, project_pair
 from ds4trt.model.numerics import fp8_kv_row, indexer_qat, rms_norm, round_f16
 from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
@@ -138,8 +138,9 @@ class Attention(nn.Module):
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
-        self.attend = attend             # a backend may set kernels with the signatures of attend and index_score
-        self.index_score = index_score
+        self.attend = attend             # a backend may set kernels with the signatures of attend, index_score
+        self.index_score = index_score   # and project_pair
+        self.pair = project_pair
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
@@ -148,9 +149,10 @@ class Attention(nn.Module):
         T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
         pos = start + torch.arange(T, device=y.device)              # [T]
         u = rms_norm(y, self.norm, cfg.rms_eps)
-        qn = rms_norm(self.q_a(u), self.q_a_norm, cfg.rms_eps)   # [T, Lq]
+        qa, kva = self.pair(u, self.q_a, self.kv)
+        qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
         q = rms_norm(self.q_b(qn).reshape(T, H, d), None, cfg.rms_eps)
-        kv = rms_norm(self.kv(u), self.kv_norm, cfg.rms_eps)     # [T, d]
+        kv = rms_norm(kva, self.kv_norm, cfg.rms_eps)            # [T, d]
         cos, sin = rope_cos_sin(self.freq, pos)
         q = apply_rope_tail(q, cos[:, None], sin[:, None])
         kv = apply_rope_tail(kv, cos, sin)

@@ -32,3 +32,8 @@ def project(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -> torch.Ten
     G, (N, K) = groups, weight.shape
     y = torch.einsum("tgi,goi->tgo", x.reshape(-1, G, K), weight.reshape(G, N // G, K))
     return y.reshape(*x.shape[:-1], N)
+
+
+def project_pair(x: torch.Tensor, a: nn.Module, b: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a(x), b(x)) for two projections of one input (the unit a backend may replace with one launch)."""
+    return a(x), b(x)

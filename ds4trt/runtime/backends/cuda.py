@@ -34,9 +34,9 @@ from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, attend, index_score
 from ds4trt.model.hc import hc_pre
-from ds4trt.model.linear import Linear, project
+from ds4trt.model.linear import Linear, project, project_pair
 from ds4trt.model.mtp import MTPHead
-from ds4trt.model.transformer import HyperConnection, Transformer
+from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton
 from ds4trt.plugins.moe import GGUFExperts
@@ -207,6 +207,29 @@ def cuda_linear(weights, name: str, groups: int = 1) -> nn.Module:
     return Linear.from_weights(weights, name, groups)
 
 
+class Q8Pair:
+    """model/linear.py project_pair for two Q8_0 projections of one input (attn_q_a and attn_kv, the shared expert's
+    gate and up) in one q8_matmul: their buffers become row views of one concatenated weight (the same bytes), and
+    steps of up to KERNEL_MAX_T rows read both with one launch (small projections are bound by launch latency)."""
+
+    def __init__(self, a: Q8Linear, b: Q8Linear):
+        self.quants, self.scales = torch.cat([a.quants, b.quants]), torch.cat([a.scales, b.scales])
+        a.quants, b.quants = self.quants[:a.N], self.quants[a.N:]
+        a.scales, b.scales = self.scales[:a.N], self.scales[a.N:]
+        self.a, self.b = a, b
+
+    @staticmethod
+    def fits(a, b) -> bool:
+        return isinstance(a, Q8Linear) and isinstance(b, Q8Linear) and a.K == b.K and a.groups == b.groups == 1
+
+    def __call__(self, x: torch.Tensor, a: nn.Module, b: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        x2 = x.reshape(-1, x.shape[-1])
+        if a is not self.a or b is not self.b or x2.shape[0] > KERNEL_MAX_T:
+            return project_pair(x, a, b)
+        y = q8_matmul_op(x2, self.quants, self.scales, a.K, 1)                     # [T, Na + Nb]
+        return y[:, :a.N].reshape(*x.shape[:-1], a.N), y[:, a.N:].reshape(*x.shape[:-1], b.N)
+
+
 class CudaExperts(GGUFExperts):
     """ds4::MoE computed by moe_forward (Triton) on the GGUF blocks (a prefill chunk in one call: each expert's
     blocks are read once per 64 of its tokens)."""
@@ -219,7 +242,8 @@ class CudaExperts(GGUFExperts):
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention and the indexer's scores of short steps
-    become kernels (hc_reduce, attend_kernel, index_score_kernel)."""
+    become kernels (hc_reduce, attend_kernel, index_score_kernel); attn_q_a + attn_kv and the shared expert's
+    gate + up each become one Q8_0 launch (Q8Pair)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -227,6 +251,10 @@ def to_device(model: nn.Module, device) -> nn.Module:
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.index_score = index_score_kernel
+            if Q8Pair.fits(m.q_a, m.kv):
+                m.pair = Q8Pair(m.q_a, m.kv)
+        if isinstance(m, FeedForward) and Q8Pair.fits(m.sh_gate, m.sh_up):
+            m.pair = Q8Pair(m.sh_gate, m.sh_up)
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
