@@ -141,6 +141,23 @@ def test_moe_small_vs_float64_and_contract(mix, T):
     assert _rel(got, torch.from_numpy(contract)) <= TOL
 
 
+@pytest.mark.parametrize("T", [1, 3, 20])
+def test_moe_per_slot_outputs_sum_to_the_output(T):
+    """per_slot (what the CUDA backend calls): each slot's weighted expert output [T, k, D], summed by the caller;
+    their sum is the summed call's result, and each slot alone matches float64 (short and long calls)."""
+    types = MIXES["iq2_iq2_q2k"]
+    v, ids, w, blocks = _small_case(types, seed=_seed("per slot", T), T=T)
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    slots = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True)
+    assert slots.shape == (T, ids.shape[1], v.shape[1])
+    assert torch.equal(slots.sum(dim=1), _run_moe(*dev[:3], dev[3:], types))
+    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+           for e in np.unique(ids)}
+    for j in range(ids.shape[1]):
+        want = _moe_ref64(dev[0], dev[1][:, j:j + 1], dev[2][:, j:j + 1], deq, CLAMP)
+        assert _rel(slots[:, j], want) <= TOL, f"slot {j}"
+
+
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
@@ -521,7 +538,7 @@ def test_every_variant_compiles_for_sm90():
             br, bk = F16.launch_shape(N, K)
             for T in range(1, F16.MAX_T + 1):
                 ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))
-        ok(X._index_score.warmup(f32, f32, f32, f32, 513, NH=64, DI=128, KB=X.KB, num_warps=4, grid=(1,)))
+        ok(X._index_score.warmup(f32, f32, f32, f32, 513, 64, NHP=64, DI=128, KB=X.KB, num_warps=4, grid=(1,)))
         for K in (194, 1154):
             ns = -(-K // A.KS)
             ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=A.KS, NS=ns,

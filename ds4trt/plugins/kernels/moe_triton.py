@@ -796,11 +796,13 @@ def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                single_config: dict | None = None, multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
+                per_slot: bool = False, single_config: dict | None = None, multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
                 long_config: tuple[int, int, int, int] = LONG_CONFIG) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
-    float32 (written into `out` when given). ids must lie in [0, E): they are not checked here (that would
+    float32 (written into `out` when given); per_slot: return instead each slot's weighted expert output [T, k, D]
+    unsummed (a view of the workspace's y: a new tensor unless `workspace` is given) for the caller to sum, as
+    the CUDA backend does where torch.compile fuses that sum into the glue after it. ids must lie in [0, E): they are not checked here (that would
     need a host synchronization); the router guarantees it.
     T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
     chunks): the items are listed on the host side (_long_items) and hold up to long_config's CAP pairs.
@@ -880,6 +882,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_down_multi[(n_multi, D // mbr)](*dn_args, m_starts, *dn_rest, NSB=F // QK, DT=down_type, DBS=dbs,
                                              DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps,
                                              **({"num_stages": mstages} if long else {}))
+    if per_slot:
+        return ws.y.view(T, k, D)
     return torch.sum(ws.y.view(T, k, D), dim=1, out=out)
 
 
