@@ -6,7 +6,8 @@
 The model is the real Transformer (model/transformer.py) with the CUDA backend's kernels
 (runtime/backends/cuda.py): Flash widths (hidden 4096, 64 heads x 512, 256 experts x 2048, vocabulary
 129280, ModelConfig.flash()), the q2 mix (IQ2_XXS gate/up, Q2_K down, Q8_0 projections, F16 where ds4 has
-F16, kept as float32 by this backend), random bytes with moderate f16 scales (never zeros), random routing.
+F16: the router, compressor and indexer matrices kept as float16, the rest as float32), random bytes with
+moderate f16 scales (never zeros), random routing.
 Steps run through GraphedSteps exactly as a session runs them (one CUDA graph per step shape + a commit graph);
 --compile also fuses each block's glue with torch.compile.
 
