@@ -52,8 +52,9 @@ LONG_SWEEP = ((32, 64, 8, 2), (64, 32, 8, 1), (64, 64, 4, 1), (128, 64, 8, 1), (
 SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
                 (64, 8, None, False))
-# (rows per program, warps) of the Q8_0 kernel, by T
-Q8_SWEEP = {1: ((32, 4), (64, 4), (64, 8), (128, 8), (32, 8)), 4: ((16, 4), (32, 8), (16, 8), (8, 4))}
+# (rows per program, warps[, min programs: K is split until there are that many]) of the Q8_0 kernel, by T
+Q8_SWEEP = {1: ((32, 4), (64, 4), (64, 8), (16, 4, 1056), (16, 4, 2112), (16, 4, 4224), (16, 8, 2112)),
+            4: ((16, 4), (32, 8), (32, 4, 1056), (32, 4, 2112), (32, 4, 4224))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -218,7 +219,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
-            if sweeps is not None and name in ("attn_q_b", "ffn_gate_shexp", "output"):
+            if sweeps is not None and name in ("attn_q_b", "attn_output_a", "attn_output_b", "ffn_gate_shexp", "output"):
                 for cfg in Q8_SWEEP[T]:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
@@ -309,7 +310,7 @@ def main() -> int:
               f"{100 * r['fraction']:7.1f}%")
     sweeps = [r for r in results if r["kind"].startswith("sweep")]
     if sweeps:
-        print("sweeps (rows per program, warps):")
+        print("sweeps (rows per program, warps, ...):")
         for r in sweeps:
             print(f"  {r.get('mix', r.get('tensor'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
     for r in results:

@@ -313,7 +313,7 @@ def _q8_float64(wb: torch.Tensor, K: int) -> torch.Tensor:
     return (d * q).reshape(wb.shape[0], K)
 
 
-def _q8_check(Ts, N, K, groups, seed):
+def _q8_check(Ts, N, K, groups, seed, config=None):
     rng = np.random.default_rng(seed)
     wb = _random_q8_0(rng, N, K, 1 / K ** 0.5)
     wb_dev = torch.from_numpy(wb).to(DEVICE)
@@ -325,7 +325,7 @@ def _q8_check(Ts, N, K, groups, seed):
         x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32)).to(DEVICE)
         ref = torch.cat([x[:, g * K:(g + 1) * K].double() @ wd[g * rpg:(g + 1) * rpg].T for g in range(groups)], 1)
         out = _nan(T, N)
-        got = q8_triton.q8_matmul(x, quants, scales, K, groups=groups, out=out)
+        got = q8_triton.q8_matmul(x, quants, scales, K, groups=groups, out=out, config=config)
         assert got.data_ptr() == out.data_ptr()
         assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         err = _rel(got, ref)
@@ -339,6 +339,15 @@ Q8_SMALL = [(50, 320, 1), (64, 256, 2), (24, 1056, 1), (40, 4096, 1)]   # the la
 @pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
 def test_q8_small(shape):
     _q8_check(T_GPU if GPU else (1, 2, 3, 6), *shape, seed=_seed(*shape))
+
+
+def test_q8_split_k_by_min_programs():
+    """A larger min programs (the third config entry) splits K further: attn_output_b's shape in 16 splits on the
+    GPU, a small one in 8 under the interpreter; T = 1..4 (each row count of the split kernel)."""
+    N, K = (4096, 8192) if GPU else (64, 2048)
+    cfg = (16, 4, q8_triton.COUNTER_SLOTS if GPU else 64)
+    assert q8_triton.row_launch(N, K, 16, cfg[2])[2] == (16 if GPU else 8)
+    _q8_check((1, 2, 3, 4), N, K, 1, seed=_seed("q8 split"), config=cfg)
 
 
 # Flash projections: attn_q_a, attn_q_b, attn_kv, attn_output_a (8 groups), attn_output_b, shared down

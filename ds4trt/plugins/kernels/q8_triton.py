@@ -48,6 +48,7 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # at (16, 4).
 ROWS_CONFIG = {1: (16, 4), 2: (32, 4), 3: (32, 4), 4: (32, 4)}
 MIN_PROGRAMS = 528           # split K until there are at least this many programs (4 per SM on an H200)
+COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
 MMA_BR, MMA_WARPS = 64, 4
 
 
@@ -159,20 +160,20 @@ _COUNTERS: dict[str, torch.Tensor] = {}
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """int32 [MIN_PROGRAMS] zeros per device: the arrival counts of split row tiles (a call splits only when it has
-    fewer than MIN_PROGRAMS tiles, and leaves them at zero). Made on a device's first call, which runs before any
-    CUDA graph capture (the backends warm every shape up eagerly)."""
+    """int32 [COUNTER_SLOTS] zeros per device: the arrival counts of split row tiles (a call splits only when it has
+    fewer tiles than its min programs, at most COUNTER_SLOTS, and leaves them at zero). Made on a device's first
+    call, which runs before any CUDA graph capture (the backends warm every shape up eagerly)."""
     key = str(device)
     if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(MIN_PROGRAMS, dtype=torch.int32, device=device)
+        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return _COUNTERS[key]
 
 
-def row_launch(N: int, K: int, br: int) -> tuple[int, int, int]:
+def row_launch(N: int, K: int, br: int, min_programs: int = MIN_PROGRAMS) -> tuple[int, int, int]:
     """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
-    K is split until there are MIN_PROGRAMS programs, by a divisor of the steps (no partial split)."""
+    K is split until there are min_programs programs, by a divisor of the steps (no partial split)."""
     tiles, steps = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
-    want = min(steps, triton.cdiv(MIN_PROGRAMS, tiles))
+    want = min(steps, triton.cdiv(min_programs, tiles))
     return tiles, steps, max(s for s in range(1, want + 1) if steps % s == 0)
 
 
@@ -217,9 +218,10 @@ def dequantize(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tens
 
 
 def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int = 1, *,
-              out: torch.Tensor | None = None, config: tuple[int, int] | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
-    (written into `out` when given). config: (rows per program, warps), overriding the defaults (sweeps)."""
+    (written into `out` when given). config: (rows per program, warps[, min programs of T <= 4]), overriding the
+    defaults (sweeps)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -238,15 +240,17 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     if T <= 4:
-        br, warps = config or ROWS_CONFIG[T]
+        br, warps, min_programs = (*(config or ROWS_CONFIG[T]), MIN_PROGRAMS)[:3]
+        if not 1 <= min_programs <= COUNTER_SLOTS:
+            raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
         if groups > 1 and rows_per_group % br:
             raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-        tiles, steps_total, splits = row_launch(N, K, br)
+        tiles, steps_total, splits = row_launch(N, K, br, min_programs)
         part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
         _q8_rows[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
                                   K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=T, num_warps=warps)
         return out
-    br, warps = config or (MMA_BR, MMA_WARPS)
+    br, warps = (config or (MMA_BR, MMA_WARPS))[:2]
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
