@@ -535,7 +535,7 @@ def test_every_variant_compiles_for_sm90():
             bs, ns, l = M.LAYOUT[gt]
             ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16, grid=(1,)))
         for K in (1024, 4096, 8192, 320):
-            for T, (br, w) in Q.ROWS_CONFIG.items():
+            for T, (br, w, _) in Q.ROWS_CONFIG.items():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=K, BR=br,
                                          STEPS=steps, SPLITS=splits, TP=T, num_warps=w,
@@ -568,7 +568,7 @@ def test_every_variant_compiles_for_sm90():
                     ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 4096 * bs // 2,
                        M.ONE_BITS, NSB=8, DT=t, BR=br, DPF=pf, COMPACT=False, num_warps=w, grid=(1,)))
         for T, configs in Q8_SWEEP.items():
-            for br, w in configs:
+            for br, w, *_ in configs:
                 ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
                                      SPLITS=8, TP=T, num_warps=w, grid=(1,)))
         (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
@@ -590,7 +590,7 @@ def test_every_variant_compiles_for_sm90():
             k = M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 1, M.ONE_BITS, NSB=8,
                 DT=dt, BR=dbr, DPF=dpf, COMPACT=False, num_warps=dw, grid=(1,), **({"maxnreg": dreg} if dreg else {}))
             assert spills(k) == 0, ("_moe_down_single spills", dt)
-        for T, (br, w) in Q.ROWS_CONFIG.items():
+        for T, (br, w, _) in Q.ROWS_CONFIG.items():
             for splits in (1, 8):
                 k = Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
                                       SPLITS=splits, TP=T, num_warps=w, grid=(1,))

@@ -42,12 +42,13 @@ MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its ti
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
 LO_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -23)     # f of u = 128 (q = 0) with the byte in bits 0..7
 HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
-# (rows per program, warps): the FMA kernel by T (1..4) and the tensor-core kernel (T > 4). From the sweeps of
-# scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us, LM head 159 us (83 % of
-# the floor), against 15.0 / 167 at (32, 4); T = 4 at (32, 4): attn_q_b 27.9 us, LM head 369 against 32.5 / 402
-# at (16, 4).
-ROWS_CONFIG = {1: (16, 4), 2: (32, 4), 3: (32, 4), 4: (32, 4)}
-MIN_PROGRAMS = 528           # split K until there are at least this many programs (4 per SM on an H200)
+# (rows per program, warps, min programs) of the FMA kernel by T (1..4); (rows, warps) of the tensor-core kernel
+# (T > 4). From the sweeps of scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us,
+# LM head 159 us (83 % of the floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528:
+# attn_output_b 14.6 against 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528):
+# attn_q_b 27.9 us, LM head 369 against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
+ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 528)}
+MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
 MMA_BR, MMA_WARPS = 64, 4
 
