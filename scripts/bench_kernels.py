@@ -11,7 +11,8 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 2048; random routing; a long call, timed eagerly);
-  2. the Q8_0 projections of a layer and the LM head, T = 1 and 4;
+  2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
+     compressors, indexer; alone and as the CUDA backend groups them), T = 1..4;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch and of the long calls' (CAP, rows, warps, stages), while the time
      budget lasts.
@@ -39,6 +40,7 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 
@@ -61,6 +63,14 @@ Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv
             ("attn_output_a", 8192, 4096, 8), ("attn_output_b", 4096, 8192, 1),
             ("ffn_gate_shexp", 2048, 4096, 1), ("ffn_up_shexp", 2048, 4096, 1), ("ffn_down_shexp", 4096, 2048, 1)]
 LM_HEAD = ("output", N_VOCAB, 4096, 1)
+# F16 matrices applied by f16_matmul, (name, N rows, K): a ratio-4 layer's, and its projections of u grouped into one
+# launch as LinearGroup does (attention compressor kv + gate 2 x 1024, indexer compressor kv + gate 2 x 256, indexer
+# weights 64; a ratio-128 layer's compressor pair: 2 x 512 rows)
+F16_LAYER = [("ffn_gate_inp", 256, 4096), ("attn_compressor_kv", 1024, 4096), ("indexer_compressor_kv", 256, 4096),
+             ("indexer.attn_q_b", 8192, 1024), ("indexer.proj", 64, 4096), ("u_group_ratio4", 2624, 4096),
+             ("u_group_ratio128", 1024, 4096)]
+# (rows per program, K tile) of the F16 kernel
+F16_SWEEP = ((1, 1024), (2, 1024), (4, 512), (8, 256), (16, 128), (32, 64))
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
@@ -208,7 +218,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
         wbytes = N * K // 32 * 34
         C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
         ws = [Q.split_q8(random_blocks(8, N, K, gen=gen), N, K) for _ in range(C)]
-        for T in (1, 4):
+        for T in (1, 2, 3, 4):
             x = torch.randn(T, G * K, device=DEV, generator=gen)
             out = torch.empty(T, N, device=DEV)
 
@@ -219,11 +229,36 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                 case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
-            if sweeps is not None and name in ("attn_q_b", "attn_output_a", "attn_output_b", "ffn_gate_shexp", "output"):
+            if sweeps is not None and T in Q8_SWEEP and name in ("attn_q_b", "attn_output_a", "attn_output_b",
+                                                                    "ffn_gate_shexp", "output"):
                 for cfg in Q8_SWEEP[T]:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))
+
+
+def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    for name, N, K in F16_LAYER:
+        wbytes = 2 * N * K
+        C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
+        ws = [torch.randn(N, K, device=DEV, generator=gen).half() for _ in range(C)]
+        for T in (1, 2, 3, 4):
+            x = torch.randn(T, K, device=DEV, generator=gen)
+
+            def fn(x=x, ws=ws, config=None):
+                for w in ws:
+                    F16.f16_matmul(x, w, config=config)
+            nbytes = wbytes + x.numel() * 4 + T * N * 4
+            label = f"f16 {name} {N}x{K}"
+            guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name:
+                    results.append(case(label, T, nb, time_graph(fn, C), bw, kind="f16", tensor=name)))
+            if sweeps is not None and T in (1, 4):
+                for cfg in F16_SWEEP:
+                    if cfg != F16.launch_shape(N, K):
+                        sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
+                            f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
+                            kind="sweep_f16", tensor=name, config=list(cfg))))
 
 
 def model_bytes_per_token(mix: str) -> dict:
@@ -248,8 +283,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,q4",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, q4 (moe)")
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,q4",
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -270,6 +305,8 @@ def main() -> int:
         bench_moe_long("q2", bw, results, sweeps)
     if "q8" in cases:
         bench_q8(bw, l2, results, sweeps)
+    if "f16" in cases:
+        bench_f16(bw, l2, results, sweeps)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
@@ -310,7 +347,7 @@ def main() -> int:
               f"{100 * r['fraction']:7.1f}%")
     sweeps = [r for r in results if r["kind"].startswith("sweep")]
     if sweeps:
-        print("sweeps (rows per program, warps, ...):")
+        print("sweeps (launch configs):")
         for r in sweeps:
             print(f"  {r.get('mix', r.get('tensor'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
     for r in results:

@@ -492,7 +492,7 @@ def test_every_variant_compiles_for_sm90():
         activate()
         from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
-        from bench_kernels import LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
+        from bench_kernels import F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
         u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
         i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
@@ -571,6 +571,11 @@ def test_every_variant_compiles_for_sm90():
             for br, w, *_ in configs:
                 ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
                                      SPLITS=8, TP=T, num_warps=w, grid=(1,)))
+        from ds4trt.plugins.kernels import f16_triton as F16
+        for br, bk in F16_SWEEP:
+            for T in (1, 4):
+                ok(F16._f16_rows.warmup(f32, f16, f32, 2624, 4096, K=4096, BR=br, BK=bk, TP=T, num_warps=4,
+                                        grid=(1,)))
         (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
         for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
             ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,

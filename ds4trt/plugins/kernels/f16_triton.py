@@ -63,8 +63,9 @@ def launch_shape(N: int, K: int) -> tuple[int, int]:
     return br, min(TILE // br, triton.next_power_of_2(K))
 
 
-def f16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T."""
+def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None = None) -> torch.Tensor:
+    """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T. config: (rows per
+    program, K tile), overriding launch_shape (sweeps)."""
     T, K = x.shape
     if not 1 <= T <= MAX_T or x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 \
             or w.shape[1] != K:
@@ -72,6 +73,6 @@ def f16_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                          f"{list(x.shape)}, w {w.dtype} {list(w.shape)}")
     N = w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    br, bk = launch_shape(N, K)
+    br, bk = config or launch_shape(N, K)
     _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4)
     return out
