@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run one benchmark command on several commits in a single GPU call (A/B of kernel variants on branches).
+#
+#   here:    bash scripts/bench_revs.sh stage REV...     # revs/<REV>/: that commit's ds4trt/, scripts/, tests/
+#   device:  bash scripts/bench_revs.sh run 'python3 scripts/bench_kernels.py --cases moe --no-sweep'
+#            (carry [".whl", "revs"]: both folders are ignored by git)
+#
+# `run` installs the carried wheels into /tmp/site, then runs the command in each revs/<REV>/ in turn with
+# PYTHONPATH pointing at it, and writes one log per commit to $OUT/<REV>.log (the device tool brings back only a
+# few files, so the command should not write more of its own) and the last lines of each to stdout.
+set -o pipefail
+cd "$(dirname "$0")/.." || exit 2
+case "$1" in
+stage)
+    shift
+    [ $# -gt 0 ] || { echo "bench_revs.sh stage: name at least one commit"; exit 2; }
+    rm -rf revs
+    for rev in "$@"; do
+        dir="revs/$(git rev-parse --short "$rev")" || exit 2
+        mkdir -p "$dir" && git archive "$rev" ds4trt scripts tests | tar -x -C "$dir" || exit 2
+        echo "$rev -> $dir"
+    done
+    ;;
+run)
+    [ -n "$2" ] || { echo "bench_revs.sh run: give the command to run in each commit's tree"; exit 2; }
+    ls -d revs/*/ >/dev/null 2>&1 || { echo "bench_revs.sh run: no revs/ (stage first, and carry it)"; exit 2; }
+    OUT="${OUT:-/tmp/ds4trt_revs}"
+    mkdir -p "$OUT"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
+    status=0
+    for dir in revs/*/; do
+        rev=$(basename "$dir")
+        (cd "$dir" && PYTHONPATH="/tmp/site:$PWD" bash -c "$2") > "$OUT/$rev.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "== $rev (rc $rc)"
+        tail -n "${TAIL:-12}" "$OUT/$rev.log"
+    done
+    exit $status
+    ;;
+*)
+    echo "usage: bash scripts/bench_revs.sh stage REV... | run 'COMMAND'"
+    exit 2
+    ;;
+esac
