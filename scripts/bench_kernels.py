@@ -12,7 +12,7 @@ zeros; the kernels' time does not depend on the values):
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 2048; random routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
-     compressors, indexer; alone and as the CUDA backend groups them), T = 1..4;
+     compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch and of the long calls' (CAP, rows, warps, stages), while the time
      budget lasts.
@@ -63,9 +63,10 @@ Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv
             ("attn_output_a", 8192, 4096, 8), ("attn_output_b", 4096, 8192, 1),
             ("ffn_gate_shexp", 2048, 4096, 1), ("ffn_up_shexp", 2048, 4096, 1), ("ffn_down_shexp", 4096, 2048, 1)]
 LM_HEAD = ("output", N_VOCAB, 4096, 1)
-# F16 matrices applied by f16_matmul, (name, N rows, K): a ratio-4 layer's, and its projections of u grouped into one
-# launch as LinearGroup does (attention compressor kv + gate 2 x 1024, indexer compressor kv + gate 2 x 256, indexer
-# weights 64; a ratio-128 layer's compressor pair: 2 x 512 rows)
+# F16 matrices applied by f16_matmul, (name, N rows, K): a ratio-4 layer's, and its F16 projections of the normed
+# input u stacked as one matrix, what one launch for all of them would read (attention compressor kv + gate
+# 2 x 1024, indexer compressor kv + gate 2 x 256, indexer weights 64; a ratio-128 layer's compressor pair: 2 x 512
+# rows; branch try/linear-groups launches them so)
 F16_LAYER = [("ffn_gate_inp", 256, 4096), ("attn_compressor_kv", 1024, 4096), ("indexer_compressor_kv", 256, 4096),
              ("indexer.attn_q_b", 8192, 1024), ("indexer.proj", 64, 4096), ("u_group_ratio4", 2624, 4096),
              ("u_group_ratio128", 1024, 4096)]
