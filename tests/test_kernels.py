@@ -144,13 +144,16 @@ def test_moe_small_vs_float64_and_contract(mix, T):
 @pytest.mark.parametrize("T", [1, 3, 20])
 def test_moe_per_slot_outputs_sum_to_the_output(T):
     """per_slot (what the CUDA backend calls): each slot's weighted expert output [T, k, D], summed by the caller;
-    their sum is the summed call's result, and each slot alone matches float64 (short and long calls)."""
+    their sum is the summed call's result, and each slot alone matches float64 (short and long calls); an `out`
+    with per_slot is refused."""
     types = MIXES["iq2_iq2_q2k"]
     v, ids, w, blocks = _small_case(types, seed=_seed("per slot", T), T=T)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     slots = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True)
     assert slots.shape == (T, ids.shape[1], v.shape[1])
     assert torch.equal(slots.sum(dim=1), _run_moe(*dev[:3], dev[3:], types))
+    with pytest.raises(ValueError, match="per_slot returns the slots' outputs unsummed"):
+        moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True, out=_nan(T, v.shape[1]))
     deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
            for e in np.unique(ids)}
     for j in range(ids.shape[1]):

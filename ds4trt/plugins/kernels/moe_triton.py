@@ -796,14 +796,16 @@ def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                 up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                per_slot: bool = False, single_config: dict | None = None, multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
+                per_slot: bool = False, single_config: dict | None = None,
+                multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
                 long_config: tuple[int, int, int, int] = LONG_CONFIG) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given); per_slot: return instead each slot's weighted expert output [T, k, D]
-    unsummed (a view of the workspace's y: a new tensor unless `workspace` is given) for the caller to sum, as
-    the CUDA backend does where torch.compile fuses that sum into the glue after it. ids must lie in [0, E): they are not checked here (that would
-    need a host synchronization); the router guarantees it.
+    unsummed (a view of the workspace's y: a new tensor unless `workspace` is given; not with `out`) for the
+    caller to sum, as the CUDA backend does where torch.compile fuses that sum into the glue after it.
+    ids must lie in [0, E): they are not checked here (that would need a host synchronization); the router
+    guarantees it.
     T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
     chunks): the items are listed on the host side (_long_items) and hold up to long_config's CAP pairs.
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
@@ -836,6 +838,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
             or ws.xq.shape != (T, xq_words(D)):
         raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D})")
+    if out is not None and per_slot:
+        raise ValueError("moe_forward: per_slot returns the slots' outputs unsummed; out is for the summed [T, D]")
     if out is not None and (out.shape != (T, D) or out.dtype != torch.float32):
         raise ValueError(f"moe_forward out: expected float32 [{T}, {D}], got {out.dtype} {list(out.shape)}")
     v, ids = v.contiguous(), ids.contiguous()
