@@ -97,6 +97,12 @@ def _moe_ref64(v, ids, w, deq, clamp):
     return out
 
 
+def _deq_experts(blocks, types, experts) -> dict:
+    """{e: (gate, up, down) float64 on DEVICE} of the given experts, dequantized by gguf-py (for _moe_ref64)."""
+    return {int(e): tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
+            for e in experts}
+
+
 def _run_moe(v, ids, w, blocks, types, **kw):
     T, D = v.shape
     F = blocks[0].shape[1]
@@ -133,8 +139,7 @@ def test_moe_small_vs_float64_and_contract(mix, T):
     v, ids, w, blocks = _small_case(types, seed=_seed(mix, T), T=T)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types)
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
-           for e in np.unique(ids)}
+    deq = _deq_experts(blocks, types, np.unique(ids))
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
     contract = moe_op.moe_reference(v, ids, w, *blocks, gate_type=types[0], up_type=types[1], down_type=types[2],
                                     n_expert=8, expert_ff=256, n_embd=512, clamp=CLAMP)
@@ -154,8 +159,7 @@ def test_moe_per_slot_outputs_sum_to_the_output(T):
     assert torch.equal(slots.sum(dim=1), _run_moe(*dev[:3], dev[3:], types))
     with pytest.raises(ValueError, match="per_slot returns the slots' outputs unsummed"):
         moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True, out=_nan(T, v.shape[1]))
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
-           for e in np.unique(ids)}
+    deq = _deq_experts(blocks, types, np.unique(ids))
     for j in range(ids.shape[1]):
         want = _moe_ref64(dev[0], dev[1][:, j:j + 1], dev[2][:, j:j + 1], deq, CLAMP)
         assert _rel(slots[:, j], want) <= TOL, f"slot {j}"
@@ -170,8 +174,7 @@ def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     cfg = {t: (16, 4, None, prefetch) for t in set(types)}
     got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
-           for e in np.unique(ids)}
+    deq = _deq_experts(blocks, types, np.unique(ids))
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
@@ -189,8 +192,7 @@ def test_moe_iq2_activation_runs_of_zeros_and_of_extreme_scales():
     v[1, 41] = -3.0
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types)
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
-           for e in np.unique(ids)}
+    deq = _deq_experts(blocks, types, np.unique(ids))
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
@@ -202,7 +204,7 @@ def test_moe_repeated_slots_and_items_over_16_pairs(T):
     ids = np.tile(np.array([[5, 5, 2]], np.int64), (T, 1))
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types)
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types)) for e in (2, 5)}
+    deq = _deq_experts(blocks, types, (2, 5))
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
@@ -220,8 +222,7 @@ def test_moe_long_calls(mix, cap):
     ids[0, 0] = 7
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1))
-    deq = {e: tuple(torch.from_numpy(_deq(b[e], t)).double().to(DEVICE) for b, t in zip(blocks, types))
-           for e in range(8)}
+    deq = _deq_experts(blocks, types, range(8))
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
