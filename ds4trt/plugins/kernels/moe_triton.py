@@ -423,7 +423,10 @@ def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr):
     """Store x [R, 8] (runs run0.. of a row of K activations) as integers for _iq2_dp_rows. Per run of 8 values,
     u = max|x| / (127 XQ_LO), h = rint(x / (XQ_LO u)) in [-127, 127], l = rint(x / u - XQ_LO h) in
     [-XQ_LO/2, XQ_LO/2], so that x = u (XQ_LO h + l) to within u / 2 (2^-19 of the run's largest |x|). The row
-    (int32 [K * 7/8]): h as int8 [K] | l as int16 [K] | u as float32 [K / 8]."""
+    (int32 [K * 7/8]) in planes of one word per run (K / 8 words each): h words 0, 1 (4 int8 each) | l words
+    0..3 (2 int16 each) | u (float32). A warp of _iq2_dp_rows reads one plane's word of 32 consecutive runs: 128
+    contiguous bytes, 4 sectors (word k of run r at 2r + k / 4r + k spread each such read over 8 / 16 sectors:
+    the x loads were a third of the gate/up kernel's L1 sectors)."""
     r = run0 + tl.arange(0, R)
     amax = tl.max(tl.abs(x), axis=1)
     y = tl.where(amax[:, None] > 0, x / tl.maximum(amax, 1e-30)[:, None], 0.0) * 127.0      # |y| <= 127
@@ -431,8 +434,8 @@ def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr):
     lo = _rint((y - h) * XQ_LO).to(tl.int32)
     hw = tl.sum(tl.reshape(h.to(tl.int32) & 255, (R, 2, 4)) << (8 * tl.arange(0, 4))[None, None, :], axis=2)
     lw = tl.sum(tl.reshape(lo & 0xFFFF, (R, 4, 2)) << (16 * tl.arange(0, 2))[None, None, :], axis=2)
-    tl.store(row_ptr + 2 * r[:, None] + tl.arange(0, 2)[None, :], hw)
-    tl.store(row_ptr + K // 4 + 4 * r[:, None] + tl.arange(0, 4)[None, :], lw)
+    tl.store(row_ptr + tl.arange(0, 2)[None, :] * (K // 8) + r[:, None], hw)
+    tl.store(row_ptr + K // 4 + tl.arange(0, 4)[None, :] * (K // 8) + r[:, None], lw)
     tl.store(row_ptr.to(tl.pointer_type(tl.float32)) + 3 * K // 4 + r, amax * (1.0 / (127.0 * XQ_LO)))
 
 
@@ -454,9 +457,10 @@ def _iq2_fields(p16, rh, sb):
 
 
 @triton.jit
-def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr):
+def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr, PS: tl.constexpr):
     """acc [8, 4, BR] += per group g, run l and row: d (2s+1)/8 * u * (the run's 8 signed magnitudes . x's integers);
-    xh, xl, xu [8, 4, 1]: pointers to the run's h words (2), l words (4) and u (see _quant_runs).
+    xh, xl, xu [8, 4, 1]: pointers to the run's h word 0, l word 0 and u; its other words PS (the plane size)
+    further on each (see _quant_runs).
     Per run: two table loads give the prmt selector (codes | signs), two prmt the 8 signed int8 weights, and six
     integer dot-product instructions (dp4a on h, dp2a on l) the run's sum exactly in int32
     (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion, one FFMA per run."""
@@ -468,11 +472,11 @@ def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr):
     sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
     w0 = _prmt_q(sel)                                                                  # values 0..3 as int8
     w1 = _prmt_q(sel >> 16)                                                            # values 4..7
-    sh = _dp4a(w1, tl.load(xh + 1), _dp4a(w0, tl.load(xh), 0))
+    sh = _dp4a(w1, tl.load(xh + PS), _dp4a(w0, tl.load(xh), 0))
     sl = _dp2a(tl.load(xl), w0, 0, False)
-    sl = _dp2a(tl.load(xl + 1), w0, sl, True)
-    sl = _dp2a(tl.load(xl + 2), w1, sl, False)
-    sl = _dp2a(tl.load(xl + 3), w1, sl, True)
+    sl = _dp2a(tl.load(xl + PS), w0, sl, True)
+    sl = _dp2a(tl.load(xl + 2 * PS), w1, sl, False)
+    sl = _dp2a(tl.load(xl + 3 * PS), w1, sl, True)
     dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi >> 12) + 1))   # d (2s+1) / 8
     return acc + (dl * tl.load(xu)) * (sh * XQ_LO + sl).to(tl.float32)
 
@@ -496,13 +500,13 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
         for sb in range(0, NSB):
             na, nlo, nhi, nd = _iq2_fields(p16, rh, tl.minimum(sb + 1, NSB - 1))
             r = sb * 32 + run
-            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + 2 * r, xq_ptr + D // 4 + 4 * r, xu_ptr + r, dp_ptr)
+            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
             a, lo, hi, d = na, nlo, nhi, nd
     else:
         for sb in range(0, NSB):
             a, lo, hi, d = _iq2_fields(p16, rh, sb)
             r = sb * 32 + run
-            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + 2 * r, xq_ptr + D // 4 + 4 * r, xu_ptr + r, dp_ptr)
+            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
     return tl.sum(tl.sum(acc, axis=1), axis=0)
 
 
