@@ -96,24 +96,30 @@ def test_q8_linear_matches_linear(T, groups):
 
 
 @kernels
-@pytest.mark.parametrize("T", [1, 3, 20])
-def test_q8_pair_matches_the_two_projections(T):
-    """Q8Pair (attn_q_a + attn_kv, shared gate + up in one launch) against float64 products of each weight, and each
-    module alone still computing its own rows from its view of the shared weight; T = 20 takes the separate path."""
+@pytest.mark.parametrize("T", [1, 3, 6, 20])
+def test_linear_group_matches_each_projection(T):
+    """LinearGroup over two Q8_0, two F16 and one float32 projection of one input (one q8_matmul + one f16_matmul
+    up to their row limits; T = 6: the F16 pair alone, T = 20: every member alone) against float64 products of each
+    weight, and each module alone still computing its own rows from its view of the shared weight."""
+    from ds4trt.model.linear import Linear
+
     rng = np.random.default_rng(7 + T)
     K = 96
     (ba, wa), (bb, wb) = _q8_blocks(rng, 64, K), _q8_blocks(rng, 32, K)
-    a = cuda.Q8Linear(torch.from_numpy(ba).to(DEVICE), 64, K)
-    b = cuda.Q8Linear(torch.from_numpy(bb).to(DEVICE), 32, K)
-    pair = cuda.Q8Pair(a, b)
-    x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32))
-    ya, yb = pair(x.to(DEVICE), a, b)
-    for got, alone, w in ((ya, a(x.to(DEVICE)), wa), (yb, b(x.to(DEVICE)), wb)):
-        ref = x.double() @ torch.from_numpy(w).double().T
-        for y in (got, alone):
+    wc, wd = ((rng.standard_normal((n, K)) / K ** 0.5).astype(np.float16) for n in (48, 16))
+    we = rng.standard_normal((8, K)).astype(np.float32)
+    q8 = lambda b, n: cuda.Q8Linear(torch.from_numpy(b).to(DEVICE), n, K)  # noqa: E731
+    f16 = lambda w: cuda.F16Linear(torch.from_numpy(w).to(DEVICE))  # noqa: E731
+    mods = (q8(ba, 64), f16(wc), Linear(torch.from_numpy(we).to(DEVICE)), q8(bb, 32), f16(wd))
+    group = cuda.LinearGroup(mods)
+    assert [kernel for kernel, *_ in group.fused] == ["q8", "f16"]
+    x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32)).to(DEVICE)
+    for got, m, w in zip(group(x, *mods), mods, (wa, wc, we, wb, wd)):
+        ref = x.double().cpu() @ torch.from_numpy(w.astype(np.float64)).T
+        for y in (got, m(x)):
             assert y.shape == ref.shape
             rel = ((y.double().cpu() - ref).abs().max() / ref.abs().max()).item()
-            assert rel <= 1e-5, f"relative error {rel:.2e}"
+            assert rel <= 1e-5, f"{type(m).__name__}: relative error {rel:.2e}"
 
 
 def _greedy_text(engine, text: str, n: int) -> list[int]:

@@ -547,7 +547,7 @@ def test_every_variant_compiles_for_sm90():
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X
-        for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096)):
+        for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer layer's F16 group
             br, bk = F16.launch_shape(N, K)
             for T in range(1, F16.MAX_T + 1):
                 ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.linear import Linear, project_pair
+from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.numerics import fp8_kv_row, indexer_qat, rms_norm, round_f16
 from ds4trt.model.rope import apply_rope_tail, inv_freq, rope_cos_sin
 from ds4trt.model.state import NEG, LayerCache, LayerRows
@@ -68,9 +68,10 @@ class Compressor(nn.Module):
         self.freq = inv_freq(cfg, compressed=True)
         self.post = post  # rounding applied to each emitted row (FP8 / Hadamard+FP4 / identity)
 
-    def project(self, u: torch.Tensor, pos: torch.Tensor):
-        """u: [T, D], pos: [T] -> kv, score: [T, coff*width]"""
-        return self.kv(u), self.gate(u) + self.ape[pos % self.ratio]
+    def score(self, gate: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """gate: [T, coff*width] = self.gate(u) (computed in the layer's group of projections of u), pos: [T] -> the
+        pooling scores [T, coff*width]"""
+        return gate + self.ape[pos % self.ratio]
 
     def emit(self, kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
              start: torch.Tensor) -> torch.Tensor:
@@ -138,9 +139,12 @@ class Attention(nn.Module):
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"), qat)
         self.fp8 = fp8
+        # the projections of the normed input u, in the order forward unpacks them
+        self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
+            + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
         self.attend = attend             # a backend may set kernels with the signatures of attend, index_score
-        self.index_score = index_score   # and project_pair
-        self.pair = project_pair
+        self.index_score = index_score   # and project_group (fewer launches for u_projections)
+        self.group = project_group
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
         """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
@@ -149,7 +153,7 @@ class Attention(nn.Module):
         T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
         pos = start + torch.arange(T, device=y.device)              # [T]
         u = rms_norm(y, self.norm, cfg.rms_eps)
-        qa, kva = self.pair(u, self.q_a, self.kv)
+        qa, kva, *uc = self.group(u, *self.u_projections)       # uc: the compressors' (and indexer's) products
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
         q = rms_norm(self.q_b(qn).reshape(T, H, d), None, cfg.rms_eps)
         kv = rms_norm(kva, self.kv_norm, cfg.rms_eps)            # [T, d]
@@ -169,7 +173,7 @@ class Attention(nn.Module):
 
         if self.ratio:
             R = self.ratio
-            rows.comp_kv, rows.comp_score = self.compressor.project(u, pos)
+            rows.comp_kv, rows.comp_score = uc[0], self.compressor.score(uc[1], pos)
             rows.comp = self.compressor.emit(rows.comp_kv, rows.comp_score, cache.comp_kv, cache.comp_score, start)
             n_old = torch.div(start, R, rounding_mode="floor")
             emits = torch.remainder(pos + 1, R) == 0
@@ -177,10 +181,10 @@ class Attention(nn.Module):
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
             if self.ratio == 4:
-                rows.index_kv, rows.index_score = self.index_compressor.project(u, pos)
+                rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
-                comp_vis = comp_vis & self._indexer_select(u, qn, pos, cache.index, rows.index, comp_vis)
+                comp_vis = comp_vis & self._indexer_select(uc[4], qn, pos, cache.index, rows.index, comp_vis)
             keys.append(torch.cat([cache.comp, rows.comp], dim=0))
             masks.append(comp_vis)
 
@@ -205,15 +209,16 @@ class Attention(nn.Module):
         """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
         return self.attend(q, k, mask, self.sinks)
 
-    def _indexer_select(self, u, qn, pos, old_index, new_index, visible) -> torch.Tensor:
+    def _indexer_select(self, proj, qn, pos, old_index, new_index, visible) -> torch.Tensor:
         """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score
-        (all visible rows when at most top-k are visible). Ties keep the lower row index."""
+        (all visible rows when at most top-k are visible). Ties keep the lower row index.
+        proj: [T, nh] = index_proj(u), the per-head weights before scaling."""
         cfg = self.cfg
-        T, nh, di = u.shape[0], cfg.index_n_head, cfg.index_head_dim
+        T, nh, di = qn.shape[0], cfg.index_n_head, cfg.index_head_dim
         qi = self.index_q_b(qn).reshape(T, nh, di)
         cos, sin = rope_cos_sin(self.freq, pos)
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
-        wi = self.index_proj(u) / (di * nh) ** 0.5                  # [T, nh]
+        wi = proj / (di * nh) ** 0.5                                # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
         score = _by_query_blocks(lambda w, q: self.index_score(w, q, keys), wi, qi)   # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))

@@ -34,6 +34,6 @@ def project(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -> torch.Ten
     return y.reshape(*x.shape[:-1], N)
 
 
-def project_pair(x: torch.Tensor, a: nn.Module, b: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a(x), b(x)) for two projections of one input (the unit a backend may replace with one launch)."""
-    return a(x), b(x)
+def project_group(x: torch.Tensor, *mods: nn.Module) -> tuple[torch.Tensor, ...]:
+    """(m(x) for each m): the projections of one input, the unit a backend may compute with fewer launches."""
+    return tuple(m(x) for m in mods)

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ds4trt.model.linear import project_pair
+from ds4trt.model.linear import project_group
 
 WEIGHT_SUM_FLOOR = 6.103515625e-5
 
@@ -64,7 +64,7 @@ class RoutedExperts(nn.Module):
         return out
 
 
-def shared_expert(v: torch.Tensor, gate, up, down, clamp: float, pair=project_pair):
-    """v: [T, D]; gate, up: projections D -> F; down: F -> D (model/linear.py); pair: project_pair or a backend's
-    version of it -> [T, D]"""
-    return down(swiglu(*pair(v, gate, up), clamp))
+def shared_expert(v: torch.Tensor, gate, up, down, clamp: float, group=project_group):
+    """v: [T, D]; gate, up: projections D -> F; down: F -> D (model/linear.py); group: project_group or a
+    backend's version of it -> [T, D]"""
+    return down(swiglu(*group(v, gate, up), clamp))

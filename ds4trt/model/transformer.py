@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ds4trt.model.attention import Attention, _param
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.linear import Linear, project_pair
+from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
 from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
@@ -36,7 +36,7 @@ class FeedForward(nn.Module):
         self.register_buffer("tid2eid", w(prefix + "ffn_gate_tid2eid.weight").long() if hash_routed else None,
                              persistent=False)                                       # [V, k]
         self.experts = experts(weights, prefix, cfg.swiglu_clamp)
-        self.pair = project_pair         # a backend may set a version computing the shared gate and up in one launch
+        self.group = project_group       # a backend may set a version computing the shared gate and up in one launch
         self.sh_gate, self.sh_up, self.sh_down = (linear(weights, prefix + f"ffn_{s}_shexp.weight")
                                                   for s in ("gate", "up", "down"))
 
@@ -47,7 +47,7 @@ class FeedForward(nn.Module):
         ids, weights = route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                              cfg.expert_weight_scale)
         return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp,
-                                                             self.pair)
+                                                             self.group)
 
 
 class HyperConnection(nn.Module):

@@ -34,7 +34,7 @@ from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, attend, index_score
 from ds4trt.model.hc import hc_pre
-from ds4trt.model.linear import Linear, project, project_pair
+from ds4trt.model.linear import Linear, project, project_group
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
@@ -188,6 +188,7 @@ class F16Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
+        self.N, self.K = weight.shape
         self.register_buffer("weight", weight.to(torch.float16))            # [N, K], the F16 values exactly
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,7 +196,7 @@ class F16Linear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > f16_triton.MAX_T:
             return x @ self.weight.float().T
-        return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.weight.shape[0])
+        return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.N)
 
 
 def cuda_linear(weights, name: str, groups: int = 1) -> nn.Module:
@@ -208,27 +209,50 @@ def cuda_linear(weights, name: str, groups: int = 1) -> nn.Module:
     return Linear.from_weights(weights, name, groups)
 
 
-class Q8Pair:
-    """model/linear.py project_pair for two Q8_0 projections of one input (attn_q_a and attn_kv, the shared expert's
-    gate and up) in one q8_matmul: their buffers become row views of one concatenated weight (the same bytes), and
-    steps of up to KERNEL_MAX_T rows read both with one launch (small projections are bound by launch latency)."""
+class LinearGroup:
+    """model/linear.py project_group on this backend, for the projections of one input (attention: q_a, kv and the
+    compressors' and indexer's F16 matrices of u; the shared expert: gate, up): the Q8_0 members in one q8_matmul
+    and the F16 members in one f16_matmul, their weights made row views of one concatenated weight (the same
+    bytes); other members, and steps longer than a kernel's row limit, each alone. Small projections are bound by
+    launch latency (a decode step: 2-6 us each for 0.5-2 us of bytes)."""
 
-    def __init__(self, a: Q8Linear, b: Q8Linear):
-        self.quants, self.scales = torch.cat([a.quants, b.quants]), torch.cat([a.scales, b.scales])
-        a.quants, b.quants = self.quants[:a.N], self.quants[a.N:]
-        a.scales, b.scales = self.scales[:a.N], self.scales[a.N:]
-        self.a, self.b = a, b
+    def __init__(self, mods):
+        self.mods = tuple(mods)
+        self.fused = []                                       # (kernel, member indices, weight arrays)
+        q8 = [i for i, m in enumerate(self.mods) if isinstance(m, Q8Linear) and m.groups == 1]
+        f16 = [i for i, m in enumerate(self.mods) if isinstance(m, F16Linear)]
+        if len(q8) > 1 and len({self.mods[i].K for i in q8}) == 1:
+            qs = torch.cat([self.mods[i].quants for i in q8])
+            ds = torch.cat([self.mods[i].scales for i in q8])
+            self.fused.append(("q8", q8, (qs, ds)))
+            for i, (lo, hi) in zip(q8, _spans([self.mods[i].N for i in q8])):
+                self.mods[i].quants, self.mods[i].scales = qs[lo:hi], ds[lo:hi]
+        if len(f16) > 1 and len({self.mods[i].K for i in f16}) == 1:
+            w = torch.cat([self.mods[i].weight for i in f16])
+            self.fused.append(("f16", f16, (w,)))
+            for i, (lo, hi) in zip(f16, _spans([self.mods[i].N for i in f16])):
+                self.mods[i].weight = w[lo:hi]
 
-    @staticmethod
-    def fits(a, b) -> bool:
-        return isinstance(a, Q8Linear) and isinstance(b, Q8Linear) and a.K == b.K and a.groups == b.groups == 1
-
-    def __call__(self, x: torch.Tensor, a: nn.Module, b: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, *mods: nn.Module) -> tuple[torch.Tensor, ...]:
+        """x: [..., K] -> each member's [..., N_i]"""
+        if len(mods) != len(self.mods) or any(a is not b for a, b in zip(mods, self.mods)):
+            return project_group(x, *mods)
         x2 = x.reshape(-1, x.shape[-1])
-        if a is not self.a or b is not self.b or x2.shape[0] > KERNEL_MAX_T:
-            return project_pair(x, a, b)
-        y = q8_matmul_op(x2, self.quants, self.scales, a.K, 1)                     # [T, Na + Nb]
-        return y[:, :a.N].reshape(*x.shape[:-1], a.N), y[:, a.N:].reshape(*x.shape[:-1], b.N)
+        T = x2.shape[0]
+        out = [None] * len(mods)
+        for kernel, members, arrays in self.fused:
+            if T > (KERNEL_MAX_T if kernel == "q8" else f16_triton.MAX_T):
+                continue
+            y = q8_matmul_op(x2, *arrays, mods[members[0]].K, 1) if kernel == "q8" else f16_matmul_op(x2, *arrays)
+            for i, (lo, hi) in zip(members, _spans([mods[i].N for i in members])):
+                out[i] = y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)
+        return tuple(m(x) if o is None else o for m, o in zip(mods, out))
+
+
+def _spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) ranges of the given sizes."""
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+    return [(e - n, e) for n, e in zip(sizes, ends)]
 
 
 class CudaExperts(GGUFExperts):
@@ -245,8 +269,9 @@ class CudaExperts(GGUFExperts):
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention and the indexer's scores of short steps
-    become kernels (hc_reduce, attend_kernel, index_score_kernel); attn_q_a + attn_kv and the shared expert's
-    gate + up each become one Q8_0 launch (Q8Pair)."""
+    become kernels (hc_reduce, attend_kernel, index_score_kernel); the projections of one input become one launch
+    per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's
+    gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -254,10 +279,9 @@ def to_device(model: nn.Module, device) -> nn.Module:
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.index_score = index_score_kernel
-            if Q8Pair.fits(m.q_a, m.kv):
-                m.pair = Q8Pair(m.q_a, m.kv)
-        if isinstance(m, FeedForward) and Q8Pair.fits(m.sh_gate, m.sh_up):
-            m.pair = Q8Pair(m.sh_gate, m.sh_up)
+            m.group = LinearGroup(m.u_projections)
+        if isinstance(m, FeedForward):
+            m.group = LinearGroup((m.sh_gate, m.sh_up))
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
