@@ -71,7 +71,7 @@ F16_LAYER = [("ffn_gate_inp", 256, 4096), ("attn_compressor_kv", 1024, 4096), ("
              ("indexer.attn_q_b", 8192, 1024), ("indexer.proj", 64, 4096), ("u_group_ratio4", 2624, 4096),
              ("u_group_ratio128", 1024, 4096)]
 # (rows per program, K tile) of the F16 kernel
-F16_SWEEP = ((1, 1024), (2, 1024), (4, 512), (8, 256), (16, 128), (32, 64))
+F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 256), (16, 128))
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
@@ -254,9 +254,9 @@ def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             label = f"f16 {name} {N}x{K}"
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name:
                     results.append(case(label, T, nb, time_graph(fn, C), bw, kind="f16", tensor=name)))
-            if sweeps is not None and T in (1, 4):
+            if sweeps is not None and T in (1, 2, 4):
                 for cfg in F16_SWEEP:
-                    if cfg != F16.launch_shape(N, K):
+                    if cfg != F16.launch_shape(N, K, T):
                         sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                             f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                             kind="sweep_f16", tensor=name, config=list(cfg))))

@@ -548,8 +548,8 @@ def test_every_variant_compiles_for_sm90():
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X
         for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer layer's F16 group
-            br, bk = F16.launch_shape(N, K)
             for T in range(1, F16.MAX_T + 1):
+                br, bk = F16.launch_shape(N, K, T)
                 ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))
         ok(X._index_score.warmup(f32, f32, f32, f32, 513, 64, NHP=64, DI=128, KB=X.KB, num_warps=4, grid=(1,)))
         for K in (194, 1154):

@@ -5,9 +5,8 @@ for T = 1..MAX_T rows of x, W read as float16 and accumulated in float32.
 
 One launch, grid (N / BR): a program holds BR rows of W in tiles of BK values (16-byte loads along K, the f16
 values made exact float32) and multiplies each by the T rows of x into [BR, BK] float32 partial products,
-reduced across the lanes once at the end. BR grows with N so that there are about MIN_PROGRAMS programs (a
-router of 256 rows: one row per program; the indexer's query projection of 8192 rows: 32). The CUDA backend
-held these tensors as float32 for cuBLAS GEMVs: twice the bytes.
+reduced across the lanes once at the end. launch_shape picks (BR, BK) from N and T as measured on the H200. The
+CUDA backend held these tensors as float32 for cuBLAS GEMVs: twice the bytes.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import triton
 import triton.language as tl
 
 MAX_T = 4               # rows of x per call (decode, verify of up to 3 drafts); longer steps use torch
-MIN_PROGRAMS = 256
-TILE = 2048             # BR * BK: 16 float32 partial products per thread and row of x at 4 warps
+TILE = 2048             # BR * BK at most: 16 float32 partial products per thread and row of x at 4 warps
 
 
 @triton.jit(do_not_specialize=["KS"])
@@ -55,12 +53,17 @@ def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, B
         tl.store(out_ptr + 3 * N + rows, tl.sum(acc3, axis=1), mask=rm)
 
 
-def launch_shape(N: int, K: int) -> tuple[int, int]:
-    """(rows per program, K tile): about MIN_PROGRAMS programs, BR * BK = TILE."""
-    br = 1
-    while br < 64 and N // (2 * br) >= MIN_PROGRAMS:
-        br *= 2
-    return br, min(TILE // br, triton.next_power_of_2(K))
+def launch_shape(N: int, K: int, T: int) -> tuple[int, int]:
+    """(rows per program, K tile) for T rows of x, from the sweeps of scripts/bench_kernels.py --cases f16 on the
+    H200 (2026-11-30): one row of x is fastest with K tiles of 1024 and one or two rows per program (the
+    indexer's 8192 x 1024 query projection 9.6 -> 5.7 us against 32 x 64, the 2624-row group 9.9 -> 7.1 us);
+    four rows of x want about N / 1024 rows per program and shorter tiles (8192 rows: 8 x 256)."""
+    if T == 1:
+        br, bk = (1 if N < 2048 else 2), 1024
+    else:
+        br = min(64, max(2, triton.next_power_of_2(-(-N // 1024))))
+        bk = TILE // br
+    return br, min(bk, triton.next_power_of_2(K))
 
 
 def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None = None) -> torch.Tensor:
@@ -73,6 +76,6 @@ def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None 
                          f"{list(x.shape)}, w {w.dtype} {list(w.shape)}")
     N = w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    br, bk = config or launch_shape(N, K)
+    br, bk = config or launch_shape(N, K, T)
     _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4)
     return out
