@@ -64,9 +64,9 @@ Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv
             ("ffn_gate_shexp", 2048, 4096, 1), ("ffn_up_shexp", 2048, 4096, 1), ("ffn_down_shexp", 4096, 2048, 1)]
 LM_HEAD = ("output", N_VOCAB, 4096, 1)
 # F16 matrices applied by f16_matmul, (name, N rows, K): a ratio-4 layer's, and its F16 projections of the normed
-# input u stacked as one matrix, what one launch for all of them would read (attention compressor kv + gate
-# 2 x 1024, indexer compressor kv + gate 2 x 256, indexer weights 64; a ratio-128 layer's compressor pair: 2 x 512
-# rows; branch try/linear-groups launches them so)
+# input u stacked as one matrix, what the CUDA backend's LinearGroup reads in one launch (attention compressor kv +
+# gate 2 x 1024, indexer compressor kv + gate 2 x 256, indexer weights 64; a ratio-128 layer's compressor pair:
+# 2 x 512 rows)
 F16_LAYER = [("ffn_gate_inp", 256, 4096), ("attn_compressor_kv", 1024, 4096), ("indexer_compressor_kv", 256, 4096),
              ("indexer.attn_q_b", 8192, 1024), ("indexer.proj", 64, 4096), ("u_group_ratio4", 2624, 4096),
              ("u_group_ratio128", 1024, 4096)]
