@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-model speed of the CUDA backend at DeepSeek V4 Flash width, on synthetic weights built on the GPU.
 
-    python3 scripts/bench_decode.py [--layers 43] [--prefill 2048] [--repeats 30] [--json FILE]
+    python3 scripts/bench_decode.py [--layers 43] [--prefill 2048] [--repeats 30] [--ctx N] [--json FILE]
 
 The model is the real Transformer (model/transformer.py) with the CUDA backend's kernels
 (runtime/backends/cuda.py): Flash widths (hidden 4096, 64 heads x 512, 256 experts x 2048, vocabulary
@@ -132,6 +132,10 @@ def main() -> int:
     ap.add_argument("--chunk", type=lambda a: [int(c) for c in a.split(",")], default=[256],
                     help="prefill chunk, or several separated by commas (<= 16: CUDA graphs, else eager)")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--ctx", type=int, default=None,
+                    help="cache capacity in tokens, like ds4-run --ctx (whose default is 4096); without it, just "
+                         "what the run needs (prefill + 4 x repeats + 64). A step's cost follows the capacity: the "
+                         "indexer layers attend over, and sort, every compressed row the cache can hold")
     ap.add_argument("--verify", type=lambda a: [int(t) for t in a.split(",") if t], default=[2, 3, 4],
                     help="verify step lengths to time after the prompt, comma-separated ('' for none: with --compile "
                          "each length compiles for about a minute at 43 layers)")
@@ -143,6 +147,12 @@ def main() -> int:
                                     "order (tab-separated: microseconds, name)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    need = args.prefill + 4 * args.repeats + 64
+    if args.ctx is not None and args.ctx < need:
+        print(f"bench_decode.py: --ctx {args.ctx} is below what the run needs ({need} = prefill + 4 x repeats + 64)",
+              file=sys.stderr)
+        return 2
+    ctx = args.ctx or need
     if not torch.cuda.is_available():
         print("bench_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -164,8 +174,8 @@ def main() -> int:
     gguf_gib = sum(w.nbytes(n) for n in w.specs) / 2 ** 30
     log(f"model: {cfg.n_layer} layers on the GPU, {weights_gib:.2f} GiB resident ({gguf_gib:.2f} GiB in GGUF formats)")
 
-    ctx = args.prefill + 4 * args.repeats + 64
     cache = CacheState(cfg, ctx, device="cuda")
+    log(f"cache capacity: {ctx} tokens")
     steps = GraphedSteps(model, cache)
     vocab = torch.Generator().manual_seed(1)
     tokens = lambda n: torch.randint(0, cfg.n_vocab, (n,), generator=vocab).tolist()  # noqa: E731
@@ -257,8 +267,9 @@ def main() -> int:
     log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
         + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
-                date=time.strftime("%Y-%m-%d", time.gmtime()), copy_bandwidth=bw, model_gib=weights_gib,
-                gguf_gib=gguf_gib, peak_gib=peak, types=dict(zip(("gate", "up", "down"), map(type_name, Q2_MIX))))
+                date=time.strftime("%Y-%m-%d", time.gmtime()), cache_tokens=ctx, copy_bandwidth=bw,
+                model_gib=weights_gib, gguf_gib=gguf_gib, peak_gib=peak,
+                types=dict(zip(("gate", "up", "down"), map(type_name, Q2_MIX))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(info=info, results=results), f, indent=1)
