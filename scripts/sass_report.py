@@ -68,9 +68,9 @@ def main() -> int:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
                 f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
                 COMPACT=False, num_warps=warps, grid=(1,)))
-    for br, warps in args.q8 or [Q.ROWS_CONFIG[1][:2]]:
+    for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
-            _, steps, splits = Q.row_launch(n, k, br)
+            _, steps, splits = Q.row_launch(n, k, br, *min_programs)
             report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
                 f32, u8, f16, f32, f32, i32, n, n, Q.ONE_BITS, K=k, BR=br, STEPS=steps // splits, SPLITS=splits,
                 TP=1, num_warps=warps, grid=(1,)))

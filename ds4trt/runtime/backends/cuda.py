@@ -218,20 +218,18 @@ class LinearGroup:
 
     def __init__(self, mods):
         self.mods = tuple(mods)
-        self.fused = []                                       # (kernel, member indices, weight arrays)
+        self.fused = []                   # (kernel, member indices, concatenated weight arrays, members' row spans)
         q8 = [i for i, m in enumerate(self.mods) if isinstance(m, Q8Linear) and m.groups == 1]
         f16 = [i for i, m in enumerate(self.mods) if isinstance(m, F16Linear)]
-        if len(q8) > 1 and len({self.mods[i].K for i in q8}) == 1:
-            qs = torch.cat([self.mods[i].quants for i in q8])
-            ds = torch.cat([self.mods[i].scales for i in q8])
-            self.fused.append(("q8", q8, (qs, ds)))
-            for i, (lo, hi) in zip(q8, _spans([self.mods[i].N for i in q8])):
-                self.mods[i].quants, self.mods[i].scales = qs[lo:hi], ds[lo:hi]
-        if len(f16) > 1 and len({self.mods[i].K for i in f16}) == 1:
-            w = torch.cat([self.mods[i].weight for i in f16])
-            self.fused.append(("f16", f16, (w,)))
-            for i, (lo, hi) in zip(f16, _spans([self.mods[i].N for i in f16])):
-                self.mods[i].weight = w[lo:hi]
+        for kernel, members, fields in (("q8", q8, ("quants", "scales")), ("f16", f16, ("weight",))):
+            if len(members) < 2 or len({self.mods[i].K for i in members}) != 1:
+                continue
+            arrays = tuple(torch.cat([getattr(self.mods[i], f) for i in members]) for f in fields)
+            spans = _spans([self.mods[i].N for i in members])
+            for i, (lo, hi) in zip(members, spans):
+                for f, a in zip(fields, arrays):
+                    setattr(self.mods[i], f, a[lo:hi])
+            self.fused.append((kernel, members, arrays, spans))
 
     def __call__(self, x: torch.Tensor, *mods: nn.Module) -> tuple[torch.Tensor, ...]:
         """x: [..., K] -> each member's [..., N_i]"""
@@ -240,11 +238,11 @@ class LinearGroup:
         x2 = x.reshape(-1, x.shape[-1])
         T = x2.shape[0]
         out = [None] * len(mods)
-        for kernel, members, arrays in self.fused:
+        for kernel, members, arrays, spans in self.fused:
             if T > (KERNEL_MAX_T if kernel == "q8" else f16_triton.MAX_T):
                 continue
             y = q8_matmul_op(x2, *arrays, mods[members[0]].K, 1) if kernel == "q8" else f16_matmul_op(x2, *arrays)
-            for i, (lo, hi) in zip(members, _spans([mods[i].N for i in members])):
+            for i, (lo, hi) in zip(members, spans):
                 out[i] = y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)
         return tuple(m(x) if o is None else o for m, o in zip(mods, out))
 
