@@ -100,6 +100,26 @@ def test_incremental_equals_full_forward(numerics, tmp_path):
         assert torch.allclose(a[k], b[k], rtol=0, atol=1e-9), k
 
 
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+def test_step_does_not_depend_on_capacity(numerics, tmp_path):
+    """A verify step of 4 tokens gives the same logits in a 32-token cache and a 400-token one. The indexer
+    layers attend over the whole masked cache in the first (4 x top-k >= its 8 + 4 compressed rows) and over
+    each row's gathered top-k rows in the second; 6-7 compressed rows are visible against top-k 3."""
+    cfg = tiny_config()
+    assert 4 in cfg.compress_ratios and cfg.index_top_k == 3
+    path = tmp_path / "m.gguf"
+    write_model_gguf(path, cfg, seed=13)
+    engine = Engine.open(path, numerics=numerics, dtype=torch.float64)
+    tokens = torch.randint(0, cfg.n_vocab, (28,), generator=torch.Generator().manual_seed(8)).tolist()
+    outs = []
+    for ctx in (32, 400):
+        s = engine.session(ctx)
+        s.prefill(tokens[:24])
+        logits, _, _ = s.target_step(tokens[24:])                  # [4, V], nothing committed
+        outs.append(logits)
+    assert ((outs[0] - outs[1]).abs().max() / outs[0].abs().max()).item() <= 1e-9
+
+
 def test_rewind_replays_exactly(tiny_gguf):
     engine = Engine.open(tiny_gguf, dtype=torch.float64)
     tokens = torch.randint(0, engine.cfg.n_vocab, (40,), generator=torch.Generator().manual_seed(9)).tolist()

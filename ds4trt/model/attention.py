@@ -180,16 +180,28 @@ class Attention(nn.Module):
             old_vis = (torch.arange(cache.comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)   # [T, Kc]
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
+            comp = torch.cat([cache.comp, rows.comp], dim=0)                                 # [Kc+T, d]
             if self.ratio == 4:
                 rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
-                comp_vis = comp_vis & self._indexer_select(uc[4], qn, pos, cache.index, rows.index, comp_vis)
-            keys.append(torch.cat([cache.comp, rows.comp], dim=0))
+                top = self._indexer_top(uc[4], qn, pos, cache.index, rows.index, comp_vis)     # [T, k]
+                if T <= QUERY_BLOCK and T * top.shape[1] < comp.shape[0]:
+                    # fewer keys as each row's own top-k rows than as the whole cache (its capacity, mostly
+                    # masked at short context): row t sees block t of the gathered rows, where they are visible
+                    own = torch.arange(T, device=y.device)
+                    own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
+                    comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
+                    comp = comp[top.reshape(-1)]                                              # [T*k, d]
+                else:
+                    # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
+                    # ScatterElements has no BOOL
+                    comp_vis = comp_vis & (torch.zeros_like(comp_vis, dtype=torch.float32).scatter(1, top, 1.0) > 0)
+            keys.append(comp)
             masks.append(comp_vis)
 
         if T <= QUERY_BLOCK:
-            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T), d]
+            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T or T*k), d]
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
             # a .. b+W-2 (the windows of its queries) and compressed rows up to Kc+b-1 (emitted by its last query);
@@ -209,10 +221,11 @@ class Attention(nn.Module):
         """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
         return self.attend(q, k, mask, self.sinks)
 
-    def _indexer_select(self, proj, qn, pos, old_index, new_index, visible) -> torch.Tensor:
-        """Mask [T, Kc+T] of the compressed rows the indexer keeps: the top-k visible rows by score
-        (all visible rows when at most top-k are visible). Ties keep the lower row index.
-        proj: [T, nh] = index_proj(u), the per-head weights before scaling."""
+    def _indexer_top(self, proj, qn, pos, old_index, new_index, visible) -> torch.Tensor:
+        """[T, k] the compressed rows the indexer keeps for each query row, k = min(top-k, Kc+T): the top-k rows by
+        score among the visible ones (when fewer are visible, the rest of the k are invisible rows, which the
+        caller masks). Ties keep the lower row index. proj: [T, nh] = index_proj(u), the per-head weights before
+        scaling; visible: [T, Kc+T] bool."""
         cfg = self.cfg
         T, nh, di = qn.shape[0], cfg.index_n_head, cfg.index_head_dim
         qi = self.index_q_b(qn).reshape(T, nh, di)
@@ -223,6 +236,4 @@ class Attention(nn.Module):
         score = _by_query_blocks(lambda w, q: self.index_score(w, q, keys), wi, qi)   # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
-        top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
-        # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's ScatterElements has no BOOL
-        return torch.zeros_like(score).scatter(1, top, 1.0) > 0
+        return torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
