@@ -37,7 +37,8 @@ from ds4trt.testing.tiny_gguf import random_quant
 from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton
+    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
+        route_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -473,6 +474,43 @@ def test_index_score_vs_float64(shape):
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
 
 
+# (E experts, k chosen): Flash's router, the tiny models'
+ROUTE_SHAPES = [(256, 6), (8, 2)]
+
+
+@pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_route_vs_model(shape):
+    """The router kernel against model/moe.py route in float64 on fresh logits and bias rounded to quarters (equal
+    values), row 0 shifted down by 9 (softplus's small values), logits beyond both ends of its range (-30, 25), and
+    in row 0 an unchosen expert made equal to the k-th chosen one (the lower id must win): the same ids, the
+    weights to 1e-5."""
+    from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
+
+    E, k = shape
+    g = torch.Generator().manual_seed(_seed("route", *shape))
+    tokens = torch.zeros(1, dtype=torch.long)
+    for T in (T_GPU if GPU else (1, 3)):
+        logits = torch.round(torch.randn(T, E, generator=g) * 12) / 4
+        logits[0] -= 9                                  # small probs, where log(1 + exp(x)) would lose digits
+        logits[-1, :2] = torch.tensor([-30.0, 25.0])
+        bias = torch.round(torch.randn(E, generator=g) * 2) / 4
+        chosen = route(logits[:1].double(), bias.double(), None, tokens, k, 1.5)[0][0].tolist()
+        a = chosen[-1]
+        b = [e for e in torch.randperm(E, generator=g).tolist() if e not in chosen][0]
+        logits[0, b], bias[b] = logits[0, a], bias[a]                      # a tie at the k-th place of row 0
+        want_ids, want_w = route(logits.double(), bias.double(), None, tokens.expand(T), k, 1.5)
+        ids, w = route_triton.route_triton(logits.to(DEVICE), bias.to(DEVICE), k, 1.5, WEIGHT_SUM_FLOOR)
+        assert min(a, b) in want_ids[0].tolist() and max(a, b) not in want_ids[0].tolist()
+        assert torch.equal(ids.cpu(), want_ids), f"T = {T}: {ids.cpu().tolist()} against {want_ids.tolist()}"
+        assert _rel(w, want_w) <= 1e-5, f"T = {T}: relative error {_rel(w, want_w):.2e}"
+
+
+def test_route_refuses_long_steps():
+    logits = torch.zeros(route_triton.MAX_T + 1, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="route_triton: expected float32 logits"):
+        route_triton.route_triton(logits, torch.zeros(8, device=DEVICE), 2, 1.0, 1e-4)
+
+
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
@@ -546,7 +584,9 @@ def test_every_variant_compiles_for_sm90():
                                          grid=(1,)))
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
-        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X
+        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X, \
+            route_triton as R
+        ok(R._route_rows.warmup(f32, f32, i64, f32, 1.5, 6e-5, E=256, EP=256, K=6, KP=8, num_warps=1, grid=(1,)))
         for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer layer's F16 group
             for T in range(1, F16.MAX_T + 1):
                 br, bk = F16.launch_shape(N, K, T)

@@ -37,6 +37,7 @@ class FeedForward(nn.Module):
                              persistent=False)                                       # [V, k]
         self.experts = experts(weights, prefix, cfg.swiglu_clamp)
         self.group = project_group       # a backend may set a version computing the shared gate and up in one launch
+        self.route = route               # and a kernel with route's signature
         self.sh_gate, self.sh_up, self.sh_down = (linear(weights, prefix + f"ffn_{s}_shexp.weight")
                                                   for s in ("gate", "up", "down"))
 
@@ -44,8 +45,8 @@ class FeedForward(nn.Module):
         """y: [T, D], tokens: [T] -> [T, D]"""
         cfg = self.cfg
         v = rms_norm(y, self.norm, cfg.rms_eps)
-        ids, weights = route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
-                             cfg.expert_weight_scale)
+        ids, weights = self.route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
+                                  cfg.expert_weight_scale)
         return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp,
                                                              self.group)
 

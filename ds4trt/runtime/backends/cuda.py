@@ -35,10 +35,11 @@ from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, attend, index_score
 from ds4trt.model.hc import hc_pre
 from ds4trt.model.linear import Linear, project, project_group
+from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
@@ -137,6 +138,25 @@ def index_score_kernel(w, q, keys):
     if q.shape[0] <= index_triton.MAX_T:
         return index_score_op(w, q, keys)
     return index_score(w, q, keys)
+
+
+@torch.library.custom_op("ds4trt::route", mutates_args=())
+def route_op(logits: torch.Tensor, bias: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return route_triton.route_triton(logits, bias, k, scale, WEIGHT_SUM_FLOOR)
+
+
+@route_op.register_fake
+def _(logits, bias, k, scale):
+    T = logits.shape[0]
+    return logits.new_empty(T, k, dtype=torch.int64), logits.new_empty(T, k)
+
+
+def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
+    """model/moe.py route on this backend: one kernel for the biased layers' steps of up to route_triton.MAX_T
+    tokens, else the PyTorch version (hash layers, prefill chunks)."""
+    if tid2eid is None and bias is not None and logits.shape[0] <= route_triton.MAX_T:
+        return route_op(logits, bias, k, scale)
+    return route(logits, bias, tid2eid, tokens, k, scale)
 
 
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
@@ -266,10 +286,10 @@ class CudaExperts(GGUFExperts):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention and the indexer's scores of short steps
-    become kernels (hc_reduce, attend_kernel, index_score_kernel); the projections of one input become one launch
-    per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's
-    gate + up)."""
+    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and the router's
+    choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, route_kernel); the
+    projections of one input become one launch per weight type (LinearGroup: attention's q_a + kv and compressor /
+    indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -280,6 +300,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.group = LinearGroup(m.u_projections)
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))
+            m.route = route_kernel
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
