@@ -511,9 +511,9 @@ def test_route_refuses_long_steps():
         route_triton.route_triton(logits, torch.zeros(8, device=DEVICE), 2, 1.0, 1e-4)
 
 
-# (N scores, k kept): 4096-token caches at Flash's top-k (1024 compressed rows + a verify step's), a 64k-token one,
-# and small ones (k = N: all kept; 7 columns)
-@pytest.mark.parametrize("shape", [(1028, 512), (16400, 512), (40, 12), (7, 7)] if GPU else [(1028, 512), (40, 12), (7, 7)])
+# (N scores, k kept): a 4096-token cache at Flash's top-k (1024 compressed rows + a verify step's), the kernel's
+# longest rows (MAX_N), and small ones (k = N: all kept; 7 columns)
+@pytest.mark.parametrize("shape", [(1028, 512), (16384, 512), (40, 12), (7, 7)] if GPU else [(1028, 512), (40, 12), (7, 7)])
 def test_top_rows_vs_stable_sort(shape):
     """The indexer's top-k kernel keeps the same columns as a stable descending sort's first k (in ascending column
     order), on fresh scores in steps of 1/8 (many exact ties at the k-th value), -inf columns (invisible rows;
@@ -614,7 +614,7 @@ def test_every_variant_compiles_for_sm90():
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X, \
             route_triton as R
         from ds4trt.plugins.kernels import topk_triton as TK
-        for N in (1028, 16400):
+        for N in (1028, 16384):
             NP = 1 << (N - 1).bit_length()
             ok(TK._top_rows.warmup(f32, i64, N, K=512, NP=NP, num_warps=8, grid=(1,)))
         ok(R._route_rows.warmup(f32, f32, i64, f32, 1.5, 6e-5, E=256, EP=256, K=6, KP=8, num_warps=1, grid=(1,)))

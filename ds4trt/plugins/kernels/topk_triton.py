@@ -10,7 +10,7 @@ rounds of "how many keys are >= mid", finds the k-th largest key; then every col
 first of those equal to it until k are taken, each stored at its rank among the taken (a prefix sum). In the
 compiled PyTorch step the same choice was torch.sort of every compressed row, a radixSortKVInPlace of 21.2 us per
 indexer layer once the cache holds more than k = 512 compressed rows (the CLI's default --ctx 4096 holds 1024),
-whatever the context (the 4-layer trace in BENCHMARKS.md).
+whatever the context; this kernel takes 9.7 us there (the 4-layer traces in BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # top_rows_triton's row limit (decode and verify steps)
-MAX_N = 16384    # scores per row held in one program's registers (8 warps: 64 per thread); a 64k-token cache
+MAX_N = 16384    # scores per row held in one program's registers (8 warps: 64 per thread)
 
 
 @triton.jit
