@@ -38,7 +38,7 @@ from moe_cases import random_moe_inputs
 
 if GPU or INTERP:
     from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
-        route_triton
+        route_triton, topk_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -511,6 +511,33 @@ def test_route_refuses_long_steps():
         route_triton.route_triton(logits, torch.zeros(8, device=DEVICE), 2, 1.0, 1e-4)
 
 
+# (N scores, k kept): a 4096-token cache at Flash's top-k (1024 compressed rows + a verify step's), the kernel's
+# longest rows (MAX_N), and small ones (k = N: all kept; 7 columns)
+@pytest.mark.parametrize("shape", [(1028, 512), (16384, 512), (40, 12), (7, 7)] if GPU else [(1028, 512), (40, 12), (7, 7)])
+def test_top_rows_vs_stable_sort(shape):
+    """The indexer's top-k kernel keeps the same columns as a stable descending sort's first k (in ascending column
+    order), on fresh scores in steps of 1/8 (many exact ties at the k-th value), -inf columns (invisible rows;
+    row 0 sees fewer than k), both zeros (-0.0 equals +0.0 for the sort) and a row of one value. It fails when ties
+    take any column but the lowest, or when -0.0 sorts below +0.0."""
+    N, k = shape
+    g = torch.Generator().manual_seed(_seed("top_rows", *shape))
+    for T in (T_GPU if GPU else (1, 3)):
+        score = torch.randint(-16, 16, (T, N), generator=g).float() / 8
+        score[torch.rand(T, N, generator=g) < 0.3] = float("-inf")
+        score[0, k // 2:] = float("-inf")
+        score[-1, ::3] = -0.0
+        if T > 2:
+            score[1] = 0.25
+        want = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k].sort(-1).values
+        got = topk_triton.top_rows_triton(score.to(DEVICE), k).cpu()
+        assert torch.equal(got, want), f"T = {T}: {(got != want).sum().item()} columns differ"
+
+
+def test_top_rows_refuses_long_rows():
+    with pytest.raises(ValueError, match="top_rows_triton: expected float32 score"):
+        topk_triton.top_rows_triton(torch.zeros(2, topk_triton.MAX_N + 1, device=DEVICE), 4)
+
+
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
@@ -586,6 +613,10 @@ def test_every_variant_compiles_for_sm90():
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X, \
             route_triton as R
+        from ds4trt.plugins.kernels import topk_triton as TK
+        for N in (1028, 16384):
+            NP = 1 << (N - 1).bit_length()
+            ok(TK._top_rows.warmup(f32, i64, N, K=512, NP=NP, num_warps=8, grid=(1,)))
         ok(R._route_rows.warmup(f32, f32, i64, f32, 1.5, 6e-5, E=256, EP=256, K=6, KP=8, num_warps=1, grid=(1,)))
         for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer layer's F16 group
             for T in range(1, F16.MAX_T + 1):

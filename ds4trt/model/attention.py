@@ -48,6 +48,12 @@ def index_score(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.T
     return torch.einsum("th,thk->tk", w, torch.relu(torch.einsum("thd,kd->thk", q, keys)))
 
 
+def top_rows(score: torch.Tensor, k: int) -> torch.Tensor:
+    """score: [T, N] -> [T, k] the columns of each row's k largest scores, equal scores lowest column first (a
+    stable descending sort's first k). Callers use them as a set: a backend's kernel may give another order."""
+    return torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.to(torch.float32), requires_grad=False)
 
@@ -142,8 +148,9 @@ class Attention(nn.Module):
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
-        self.attend = attend             # a backend may set kernels with the signatures of attend, index_score
-        self.index_score = index_score   # and project_group (fewer launches for u_projections)
+        self.attend = attend             # a backend may set kernels with the signatures of attend, index_score,
+        self.index_score = index_score   # top_rows and project_group (fewer launches for u_projections)
+        self.top_rows = top_rows
         self.group = project_group
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
@@ -236,4 +243,4 @@ class Attention(nn.Module):
         score = _by_query_blocks(lambda w, q: self.index_score(w, q, keys), wi, qi)   # [T, Kc+T]
         score = score.masked_fill(~visible, float("-inf"))
         k = min(cfg.index_top_k, keys.shape[0])
-        return torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
+        return self.top_rows(score, k)

@@ -32,14 +32,15 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, attend, index_score
+from ds4trt.model.attention import Attention, attend, index_score, top_rows
 from ds4trt.model.hc import hc_pre
 from ds4trt.model.linear import Linear, project, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton, \
+    topk_triton
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
@@ -138,6 +139,24 @@ def index_score_kernel(w, q, keys):
     if q.shape[0] <= index_triton.MAX_T:
         return index_score_op(w, q, keys)
     return index_score(w, q, keys)
+
+
+@torch.library.custom_op("ds4trt::top_rows", mutates_args=())
+def top_rows_op(score: torch.Tensor, k: int) -> torch.Tensor:
+    return topk_triton.top_rows_triton(score, k)
+
+
+@top_rows_op.register_fake
+def _(score, k):
+    return score.new_empty(score.shape[0], k, dtype=torch.int64)
+
+
+def top_rows_kernel(score, k: int):
+    """model/attention.py top_rows on this backend: one kernel for the indexer's steps of up to topk_triton.MAX_T
+    rows over at most topk_triton.MAX_N compressed rows, else the sort (prefill chunks, longer caches)."""
+    if score.shape[0] <= topk_triton.MAX_T and score.shape[1] <= topk_triton.MAX_N:
+        return top_rows_op(score, k)
+    return top_rows(score, k)
 
 
 @torch.library.custom_op("ds4trt::route", mutates_args=())
@@ -286,10 +305,10 @@ class CudaExperts(GGUFExperts):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and the router's
-    choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, route_kernel); the
-    projections of one input become one launch per weight type (LinearGroup: attention's q_a + kv and compressor /
-    indexer F16 matrices, the shared expert's gate + up)."""
+    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
+    router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
+    route_kernel); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
+    kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -297,6 +316,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.index_score = index_score_kernel
+            m.top_rows = top_rows_kernel
             m.group = LinearGroup(m.u_projections)
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))

@@ -1,0 +1,60 @@
+"""The indexer's top-k compressed rows of a decode or verify step in Triton (model/attention.py top_rows):
+
+    top_rows_triton(score [T, N] f32, k) -> [T, k] int64, T <= MAX_T, k <= N <= MAX_N
+        the columns of each row's k largest scores, equal scores taken lowest column first (the set of a stable
+        descending sort's first k), in ascending column order.
+
+One launch, one program per query row, the row's N scores in registers. Each score becomes an int32 key in the
+order of the floats (-0.0 counted as +0.0, as the sort compares them); a binary search over the key range, 32
+rounds of "how many keys are >= mid", finds the k-th largest key; then every column above it is taken, and the
+first of those equal to it until k are taken, each stored at its rank among the taken (a prefix sum). In the
+compiled PyTorch step the same choice was torch.sort of every compressed row, a radixSortKVInPlace of 21.2 us per
+indexer layer once the cache holds more than k = 512 compressed rows (the CLI's default --ctx 4096 holds 1024),
+whatever the context; this kernel takes 9.7 us there (the 4-layer traces in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_T = 16       # top_rows_triton's row limit (decode and verify steps)
+MAX_N = 16384    # scores per row held in one program's registers (8 warps: 64 per thread)
+
+
+@triton.jit
+def _top_rows(s_ptr, out_ptr, N, K: tl.constexpr, NP: tl.constexpr):
+    t = tl.program_id(0)
+    col = tl.arange(0, NP)
+    cm = col < N
+    x = tl.load(s_ptr + t.to(tl.int64) * N + col, mask=cm, other=0.0) + 0.0           # -0.0 + 0.0 = +0.0
+    b = x.to(tl.int32, bitcast=True)
+    key = b ^ ((b >> 31) & 0x7FFFFFFF)          # negative floats: magnitude bits flipped, so ints order as floats
+    key = tl.where(cm, key, -2147483648)        # padding: below every score's key (-inf's is -2139095041)
+    lo = tl.min(tl.where(cm, key, 2147483647), axis=0).to(tl.int64)   # invariant: >= K keys >= lo, < K keys > hi
+    hi = tl.max(key, axis=0).to(tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        enough = tl.sum((key >= mid.to(tl.int32)).to(tl.int32), axis=0) >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    kth = lo.to(tl.int32)                                                             # the k-th largest key
+    above = cm & (key > kth)
+    at = cm & (key == kth)
+    need = K - tl.sum(above.to(tl.int32), axis=0)
+    take = above | (at & (tl.cumsum(at.to(tl.int32), axis=0) <= need))
+    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + t * K + slot, col.to(tl.int64), mask=take)
+
+
+def top_rows_triton(score: torch.Tensor, k: int) -> torch.Tensor:
+    """model/attention.py top_rows for float32 score [T, N] (T <= MAX_T, k <= N <= MAX_N) -> [T, k] int64."""
+    T, N = score.shape
+    if not 1 <= T <= MAX_T or not 1 <= k <= N <= MAX_N or score.dtype != torch.float32:
+        raise ValueError(f"top_rows_triton: expected float32 score [1..{MAX_T}, N] and 1 <= k <= N <= {MAX_N}, got "
+                         f"{score.dtype} {list(score.shape)}, k {k}")
+    out = torch.empty(T, k, dtype=torch.int64, device=score.device)
+    NP = triton.next_power_of_2(N)
+    _top_rows[(T,)](score.contiguous(), out, N, K=k, NP=NP, num_warps=8 if NP >= 2048 else 4)
+    return out
