@@ -7,12 +7,15 @@ the visible keys and the head's sink logit, then the weighted sum of the keys (V
 Split over the keys (flash-decoding), two launches:
   _attend_part: program (t, h, s) scores the keys s*CH*KS.. for query row t and head h, CH chunks of KS (float32
       FMA: a dot of d values per key, in registers), and stores their maximum, sum of exponentials and weighted
-      key sum (CH = 1 by default; more chunks per program mean fewer partial sums to store and join: a sweep);
+      key sum;
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
       o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
-A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. At T = 1 and Flash width
-(64 heads, ~129 raw keys) the first launch is 64 x 5 programs. A first version with one program per (row, block of
-16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per layer.
+A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (16, 4,
+4): in bench_kernels' sweep on the H200 (BENCHMARKS.md) as fast as one chunk of 32 keys at 8 warps at 129 keys and
+T = 1, 1.3x to 1.5x faster from 229 to 8321 keys at T = 1 and 4; at T = 1 and Flash width (64 heads, ~129 raw keys)
+the first launch is 64 x 3 programs.
+A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
+layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
-KS = 32          # keys per program of _attend_part
+CONFIG = (16, 4, 4)   # (keys per chunk KS, chunks per program CH, warps) of _attend_part
 DB = 128         # output dims per program of _attend_join
 
 
@@ -81,7 +84,7 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.co
 def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
                   config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """model/attention.py attend for float32 q [T, H, d] (T <= MAX_T), keys k [K, d], mask bool [T, K].
-    config: (keys per chunk, chunks per program, warps) of _attend_part, overriding (KS, 1, 8) (sweeps)."""
+    config: (keys per chunk, chunks per program, warps) of _attend_part, overriding CONFIG (sweeps)."""
     T, H, D = q.shape
     K = k.shape[0]
     if not 1 <= T <= MAX_T or q.dtype != torch.float32 or k.dtype != torch.float32 or k.shape != (K, D) \
@@ -91,14 +94,14 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
                          f"mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
     q, k = q.contiguous(), k.contiguous()
     m = mask.contiguous().view(torch.uint8)
-    ks, ch, warps = config or (KS, 1, 8)
+    ks, ch, warps = config or CONFIG
     NS = triton.cdiv(K, ks * ch)
     part_m = torch.empty(T, H, NS, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(T, H, NS, D, dtype=torch.float32, device=q.device)
     DP = triton.next_power_of_2(D)
     _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=ks, CH=ch,
-                             NS=NS, num_warps=warps)           # (KS, 1, 8): 127 registers, none spilled (4 warps: 219)
+                             NS=NS, num_warps=warps)
     o = torch.empty_like(q)
     db = min(DB, DP)
     _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
