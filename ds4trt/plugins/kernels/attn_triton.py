@@ -10,10 +10,10 @@ Split over the keys (flash-decoding), two launches:
       key sum;
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
       o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
-A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (16, 4,
-4): in bench_kernels' sweep on the H200 (BENCHMARKS.md) as fast as one chunk of 32 keys at 8 warps at 129 keys and
-T = 1, 1.3x to 1.5x faster from 229 to 8321 keys at T = 1 and 4; at T = 1 and Flash width (64 heads, ~129 raw keys)
-the first launch is 64 x 3 programs.
+A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (8, 4,
+2): in bench_kernels' sweeps on the H200 (BENCHMARKS.md) the fastest of those tried at 129 .. 1153 keys, T = 1 and 4:
+1.2x to 2.0x faster than one chunk of 32 keys at 8 warps (1153 keys, T = 1: 33.97 -> 19.94 us); at T = 1 and Flash
+width (64 heads, ~129 raw keys) the first launch is 64 x 5 programs.
 A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
 layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 """
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
-CONFIG = (16, 4, 4)   # (keys per chunk KS, chunks per program CH, warps) of _attend_part
+CONFIG = (8, 4, 2)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
 DB = 128         # output dims per program of _attend_join
 
 
