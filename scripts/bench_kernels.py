@@ -13,9 +13,10 @@ zeros; the kernels' time does not depend on the values):
   1b. the q2 MoE of a prefill chunk (T = 256, 2048; random routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
+  2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
-     of the one-pair MoE kernels' register prefetch and of the long calls' (CAP, rows, warps, stages), while the time
-     budget lasts.
+     of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
+     attention's keys per program, while the time budget lasts.
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -40,6 +41,7 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
@@ -72,6 +74,12 @@ F16_LAYER = [("ffn_gate_inp", 256, 4096), ("attn_compressor_kv", 1024, 4096), ("
              ("u_group_ratio128", 1024, 4096)]
 # (rows per program, K tile) of the F16 kernel
 F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 256), (16, 128))
+# decode attention (64 heads of 512, one KV head): keys of a window-only layer (128 + 1), of a ratio-4 layer at a
+# 400-row cache (128 + 100 + 1), of 128 raw + 512 gathered top-k rows, and of the whole masked compressed cache at
+# 4096, 8192 and 32768 rows (128 + capacity / 4 + 1)
+ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
+# (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
+ATTEND_SWEEP = ((32, 1, 8), (16, 4, 4), (16, 2, 4), (8, 2, 2), (8, 8, 2), (8, 4, 1), (4, 8, 1), (4, 4, 1))
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
@@ -262,6 +270,33 @@ def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
                             kind="sweep_f16", tensor=name, config=list(cfg))))
 
 
+def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None:
+    """attend_triton at T = 1, 2, 4 over ATTEND_KEYS keys (90 % visible; the kernel reads every key either way)."""
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    H, d = 64, 512
+    for K in ATTEND_KEYS:
+        kbytes = K * d * 4
+        C = min(64, max(1, math.ceil(4 * l2 / kbytes)))
+        ks = [torch.randn(K, d, device=DEV, generator=gen) for _ in range(C)]
+        sinks = torch.randn(H, device=DEV, generator=gen)
+        for T in (1, 2, 4):
+            q = torch.randn(T, H, d, device=DEV, generator=gen)
+            mask = torch.rand(T, K, device=DEV, generator=gen) < 0.9
+
+            def fn(q=q, mask=mask, ks=ks, config=None):
+                for k in ks:
+                    A.attend_triton(q, k, mask, sinks, config=config)
+            nbytes = kbytes + T * K + 2 * q.numel() * 4
+            label = f"attend {K} keys"
+            guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, K=K:
+                    results.append(case(label, T, nb, time_graph(fn, C), bw, kind="attend", keys=K)))
+            if sweeps is not None and T in (1, 4):
+                for cfg in ATTEND_SWEEP:
+                    sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, K=K: results.append(case(
+                        f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
+                        kind="sweep_attend", keys=K, config=list(cfg))))
+
+
 def model_bytes_per_token(mix: str) -> dict:
     """Bytes one decode token must read, from the Flash shapes (spec ds4_architecture.md §2)."""
     q8 = lambda n, k: n * k // 32 * 34  # noqa: E731
@@ -284,8 +319,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,q4",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, q4 (moe)")
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,q4",
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -308,6 +343,8 @@ def main() -> int:
         bench_q8(bw, l2, results, sweeps)
     if "f16" in cases:
         bench_f16(bw, l2, results, sweeps)
+    if "attend" in cases:
+        bench_attend(bw, l2, results, sweeps)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts

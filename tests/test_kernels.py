@@ -431,9 +431,10 @@ def test_attend_vs_float64(shape):
         mask[-1] = False
         mask[-1, K // 2] = True
         want = attend(q.double(), k.double(), mask, sinks.double())
-        got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE))
-        assert got.shape == want.shape
-        assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+        for config in (None, (32, 1, 8), (32, 3, 8), (16, 2, 4)):   # the default and other chunks of keys per program
+            got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), config)
+            assert got.shape == want.shape
+            assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 
 
 # (N, K): the router, a ratio-4 compressor, the indexer's query projection and per-head weights at Flash width; odd
@@ -561,7 +562,7 @@ def test_every_variant_compiles_for_sm90():
         activate()
         from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
-        from bench_kernels import F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
+        from bench_kernels import ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
         u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
         i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
@@ -624,9 +625,10 @@ def test_every_variant_compiles_for_sm90():
                 ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, grid=(1,)))
         ok(X._index_score.warmup(f32, f32, f32, f32, 513, 64, NHP=64, DI=128, KB=X.KB, num_warps=4, grid=(1,)))
         for K in (194, 1154):
-            ns = -(-K // A.KS)
-            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=A.KS, NS=ns,
-                                     num_warps=8, grid=(1,)))
+            ks, ch, w = A.CONFIG
+            ns = -(-K // (ks * ch))
+            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=ks, CH=ch,
+                                     NS=ns, num_warps=w, grid=(1,)))
             ok(A._attend_join.warmup(f32, f32, f32, f32, f32, H=64, D=512, NS=ns, NSP=1 << (ns - 1).bit_length(),
                                      DB=A.DB, num_warps=4, grid=(1,)))
         ok(H._hc_dots.warmup(f32, f32, f32, S=4, D=4096, MP=32, SPLITS=H.SPLITS, KC=4 * 4096 // H.SPLITS, KB=H.KB,
@@ -646,6 +648,9 @@ def test_every_variant_compiles_for_sm90():
             for br, w, *_ in configs:
                 ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
                                      SPLITS=8, TP=T, num_warps=w, grid=(1,)))
+        for ks, ch, w in ATTEND_SWEEP:
+            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=1153, H=64, D=512, DP=512, KS=ks, CH=ch,
+                                     NS=-(-1153 // (ks * ch)), num_warps=w, grid=(1,)))
         from ds4trt.plugins.kernels import f16_triton as F16
         for br, bk in F16_SWEEP:
             for T in (1, 4):

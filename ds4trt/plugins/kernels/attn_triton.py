@@ -5,13 +5,17 @@ the visible keys and the head's sink logit, then the weighted sum of the keys (V
         T <= MAX_T (the compiled step's attention was 4-5 launches, ~15 us per layer at Flash width).
 
 Split over the keys (flash-decoding), two launches:
-  _attend_part: program (t, h, s) scores the KS keys s*KS.. for query row t and head h (float32 FMA: a dot of d
-      values per key, in registers) and stores their local maximum, sum of exponentials and weighted key sum;
+  _attend_part: program (t, h, s) scores the keys s*CH*KS.. for query row t and head h, CH chunks of KS (float32
+      FMA: a dot of d values per key, in registers), and stores their maximum, sum of exponentials and weighted
+      key sum;
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
       o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
-A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. At T = 1 and Flash width
-(64 heads, ~129 raw keys) the first launch is 64 x 5 programs. A first version with one program per (row, block of
-16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per layer.
+A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (8, 4,
+2): in bench_kernels' sweeps on the H200 (BENCHMARKS.md) the fastest of those tried at 129 .. 1153 keys, T = 1 and 4:
+1.2x to 2.0x faster than one chunk of 32 keys at 8 warps (1153 keys, T = 1: 33.97 -> 19.94 us); at T = 1 and Flash
+width (64 heads, ~129 raw keys) the first launch is 64 x 5 programs.
+A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
+layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 """
 
 from __future__ import annotations
@@ -21,30 +25,40 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
-KS = 32          # keys per program of _attend_part
+CONFIG = (8, 4, 2)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
 DB = 128         # output dims per program of _attend_join
 
 
 @triton.jit
 def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.constexpr, H: tl.constexpr,
-                 D: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr, NS: tl.constexpr):
+                 D: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr, CH: tl.constexpr, NS: tl.constexpr):
+    """Program (t, h, s): the keys s*CH*KS .. in CH chunks of KS, the softmax's maximum kept as it goes."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
     c = tl.arange(0, DP)
     cm = c < D
     q = tl.load(q_ptr + (t * H + h) * D + c, mask=cm, other=0.0)                                 # [DP]
-    kk = s * KS + tl.arange(0, KS)
-    km = kk < K
-    keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)   # [KS, DP]
-    vis = tl.load(m_ptr + t * K + kk, mask=km, other=0) != 0
-    sc = tl.where(vis, tl.sum(keys * q[None, :], axis=1) * scale, float("-inf"))                  # [KS]
-    mx = tl.max(sc, axis=0)
-    p = tl.exp(sc - tl.where(mx == float("-inf"), 0.0, mx))          # masked keys: 0 (never -inf - -inf)
+    mx = tl.max(tl.full([KS], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([KS], tl.float32), axis=0)
+    acc = tl.zeros([DP], tl.float32)
+    for i in range(CH):
+        kk = (s * CH + i) * KS + tl.arange(0, KS)
+        km = kk < K
+        keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)  # [KS, DP]
+        vis = tl.load(m_ptr + t * K + kk, mask=km, other=0) != 0
+        sc = tl.where(vis, tl.sum(keys * q[None, :], axis=1) * scale, float("-inf"))              # [KS]
+        top = tl.maximum(mx, tl.max(sc, axis=0))
+        base = tl.where(top == float("-inf"), 0.0, top)      # all masked so far: 0 (never -inf - -inf)
+        p = tl.exp(sc - base)
+        carry = tl.exp(mx - base)                            # the earlier chunks' terms rescaled (0 for none)
+        total = total * carry + tl.sum(p, axis=0)
+        acc = acc * carry + tl.sum(p[:, None] * keys, axis=0)
+        mx = top
     slot = (t * H + h) * NS + s
     tl.store(pm_ptr + slot, mx)
-    tl.store(pl_ptr + slot, tl.sum(p, axis=0))
-    tl.store(pa_ptr + slot.to(tl.int64) * D + c, tl.sum(p[:, None] * keys, axis=0), mask=cm)
+    tl.store(pl_ptr + slot, total)
+    tl.store(pa_ptr + slot.to(tl.int64) * D + c, acc, mask=cm)
 
 
 @triton.jit
@@ -67,8 +81,10 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.co
     tl.store(o_ptr + (t * H + h) * D + c, tl.sum(acc * w[:, None], axis=0) / total, mask=c < D)
 
 
-def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """model/attention.py attend for float32 q [T, H, d] (T <= MAX_T), keys k [K, d], mask bool [T, K]."""
+def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
+                  config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """model/attention.py attend for float32 q [T, H, d] (T <= MAX_T), keys k [K, d], mask bool [T, K].
+    config: (keys per chunk, chunks per program, warps) of _attend_part, overriding CONFIG (sweeps)."""
     T, H, D = q.shape
     K = k.shape[0]
     if not 1 <= T <= MAX_T or q.dtype != torch.float32 or k.dtype != torch.float32 or k.shape != (K, D) \
@@ -78,13 +94,14 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
                          f"mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
     q, k = q.contiguous(), k.contiguous()
     m = mask.contiguous().view(torch.uint8)
-    NS = triton.cdiv(K, KS)
+    ks, ch, warps = config or CONFIG
+    NS = triton.cdiv(K, ks * ch)
     part_m = torch.empty(T, H, NS, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(T, H, NS, D, dtype=torch.float32, device=q.device)
     DP = triton.next_power_of_2(D)
-    _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=KS, NS=NS,
-                             num_warps=8)                      # 127 registers, none spilled (4 warps: 219)
+    _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=ks, CH=ch,
+                             NS=NS, num_warps=warps)
     o = torch.empty_like(q)
     db = min(DB, DP)
     _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
