@@ -40,3 +40,27 @@ def test_profile_flag_prints_phases(tiny_gguf, tiny_mtp_gguf, capsys):
     finally:
         PHASES.enabled = False
         PHASES.times.clear()
+
+
+def test_trace_table_sums_kernels_per_trace(tmp_path):
+    """scripts/trace_table.py: per-kernel totals and launch counts side by side, Inductor kernels as one row, the
+    totals over every kernel; a malformed line is one clear error naming the file and line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "trace_table.py"
+    a, b = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    a.write_text("30.5\t_q8_rows\n2.0\ttriton_poi_fused_add_0\n3.0\ttriton_red_fused_mean_1\n10.0\t_q8_rows\n")
+    b.write_text("25.0\t_q8_rows\n21.0\tvoid at::native::radixSortKVInPlace<-2, -1, 64>(x)\n")
+    run = lambda *p: subprocess.run([sys.executable, script, *map(str, p), "--min-us", "4"],
+                                    capture_output=True, text=True)
+    out = run(a, b)
+    assert out.returncode == 0, out.stderr
+    rows = {line[:52].strip(): line[52:].split() for line in out.stdout.splitlines()[1:]}
+    assert rows["_q8_rows"] == ["40.5", "/", "2", "25.0", "/", "1"]
+    assert rows["triton_* (Inductor)"] == ["5.0", "/", "2", "0.0", "/", "0"]
+    assert rows["total"] == ["45.5", "/", "4", "46.0", "/", "2"]
+    (tmp_path / "bad.tsv").write_text("_q8_rows 3.0\n")
+    out = run(tmp_path / "bad.tsv")
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.tsv line 1" in out.stderr
