@@ -79,7 +79,7 @@ F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 
 # 4096, 8192 and 32768 rows (128 + capacity / 4 + 1)
 ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
 # (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
-ATTEND_SWEEP = ((32, 1, 8), (16, 4, 4), (16, 2, 4), (8, 2, 2), (8, 8, 2), (8, 4, 1), (4, 8, 1), (4, 4, 1))
+ATTEND_SWEEP = ((32, 1, 8), (8, 4, 2), (8, 8, 1), (4, 8, 1), (4, 4, 1), (4, 16, 1), (8, 2, 1))
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}

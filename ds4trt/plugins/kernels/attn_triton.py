@@ -11,9 +11,10 @@ Split over the keys (flash-decoding), two launches:
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
       o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
 A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (8, 4,
-2): in bench_kernels' sweeps on the H200 (BENCHMARKS.md) the fastest of those tried at 129 .. 1153 keys, T = 1 and 4:
-1.2x to 2.0x faster than one chunk of 32 keys at 8 warps (1153 keys, T = 1: 33.97 -> 19.94 us); at T = 1 and Flash
-width (64 heads, ~129 raw keys) the first launch is 64 x 5 programs.
+1): in bench_kernels' third sweep on the H200 (BENCHMARKS.md) as fast as or faster than (8, 4, 2) at every size
+tried (129 .. 8321 keys, T = 1 and 4; 1153 keys T = 4: 61.75 -> 52.57 us), and 1.3x to 2.4x faster than one chunk of
+32 keys at 8 warps; smaller programs ((4, 4, 1)) are faster up to 2177 keys but slower at 8321 (their partial sums
+to join grow); at T = 1 and Flash width (64 heads, ~129 raw keys) the first launch is 64 x 5 programs.
 A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
 layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 """
@@ -25,7 +26,7 @@ import triton
 import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
-CONFIG = (8, 4, 2)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
+CONFIG = (8, 4, 1)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
 DB = 128         # output dims per program of _attend_join
 
 
