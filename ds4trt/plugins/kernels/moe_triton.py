@@ -511,6 +511,28 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
 
 
 @triton.jit
+def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr):
+    """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop, both blocks of a step
+    loaded before either is used: two independent loads in flight per step instead of one loop after the other
+    (the one-pair kernel's time at T = 1 is mostly the latency of its serial block loads)."""
+    D: tl.constexpr = NSB * 256
+    g16 = (gate_ptr + gate_off).to(tl.pointer_type(tl.uint16))
+    u16 = (up_ptr + up_off).to(tl.pointer_type(tl.uint16))
+    rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
+    run = 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]          # [8, 4, 1]
+    xu_ptr = xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4
+    acc_g = tl.zeros([8, 4, BR], tl.float32)
+    acc_u = tl.zeros([8, 4, BR], tl.float32)
+    for sb in range(0, NSB):
+        ga, glo, ghi, gd = _iq2_fields(g16, rh, sb)
+        ua, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
+        r = sb * 32 + run
+        acc_g = _iq2_dp(acc_g, ga, glo, ghi, gd, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
+        acc_u = _iq2_dp(acc_u, ua, ulo, uhi, ud, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
+    return tl.sum(tl.sum(acc_g, axis=1), axis=0), tl.sum(tl.sum(acc_u, axis=1), axis=0)
+
+
+@triton.jit
 def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
     """Per tile row j of a [BR * NS, L] run tile: (byte offset of its row's first block, run index c)."""
     j = tl.arange(0, BR * NS)
@@ -610,14 +632,19 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
         x_ptr = v_ptr + t * (NSB * 256)
         xq_row = xq_ptr + t * (NSB * 256 * 7 // 8)
         row0 = tl.program_id(1) * BR
-        if GT == 16:
-            g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
+        if GT == 16 and UT == 16:
+            g, u = _iq2_dp_pair(gate_ptr, e * gate_expert_bytes, up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr,
+                                NSB, BR)
         else:
-            g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR, GPF)
-        if UT == 16:
-            u = _iq2_dp_rows(up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, UPF)
-        else:
-            u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
+            if GT == 16:
+                g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
+            else:
+                g = _fma_rows(gate_ptr, e * gate_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, GT, NSB, BR,
+                              GPF)
+            if UT == 16:
+                u = _iq2_dp_rows(up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, UPF)
+            else:
+                u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
         w = tl.load(wts_ptr + pair)
         tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
 
