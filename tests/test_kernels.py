@@ -47,10 +47,11 @@ pytestmark = pytest.mark.skipif(not (GPU or INTERP), reason=_WHY)
 gpu_only = pytest.mark.skipif(not GPU, reason="Flash widths: needs a CUDA GPU (scripts/gpu_kernels.sh)")
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16
-# (gate, up, down) types: ds4's q2 and q4 mixes, all Q2_K, and all IQ2_XXS (the only mix with an IQ2_XXS down, whose
-# one-pair kernel is the float path: gate and up read IQ2_XXS on integer dot products)
+# (gate, up, down) types: ds4's q2 and q4 mixes, all Q2_K, all IQ2_XXS (the only mix with an IQ2_XXS down, whose
+# one-pair kernel is the float path: gate and up read IQ2_XXS on integer dot products, in one loop) and an IQ2_XXS
+# gate with a Q2_K up (the one-pair kernel's loops for a gate and an up of different types)
 MIXES = {"iq2_iq2_q2k": (IQ2_XXS, IQ2_XXS, Q2_K), "q4k": (Q4_K, Q4_K, Q4_K), "q2k": (Q2_K, Q2_K, Q2_K),
-         "iq2x3": (IQ2_XXS, IQ2_XXS, IQ2_XXS)}
+         "iq2x3": (IQ2_XXS, IQ2_XXS, IQ2_XXS), "iq2_q2k_q2k": (IQ2_XXS, Q2_K, Q2_K)}
 TOL = 1e-5
 CLAMP = 10.0
 T_GPU = (1, 2, 3, 4, 8, 16)
@@ -169,7 +170,8 @@ def test_moe_per_slot_outputs_sum_to_the_output(T):
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
-    """Both forms of the one-pair inner loop (the default picks one per type; the benchmark times both)."""
+    """Both forms of the one-pair inner loop (the default picks one per type; the benchmark times both). An IQ2_XXS
+    gate and up run together in one loop that has one form; iq2_q2k_q2k runs the IQ2_XXS loop alone in both."""
     types = MIXES[mix]
     v, ids, w, blocks = _small_case(types, seed=_seed(mix, prefetch), T=1)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]

@@ -487,7 +487,8 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
     """[BR] float32: rows row0..row0+BR of the IQ2_XXS expert at byte offset expert_off dotted with one token's
     activations as _quant_runs stores them (xq_ptr: the token's row). The gate/up inner loop of decode and verify
     (one-pair items): integer dot products on the quantized activations (_iq2_dp) instead of one float FMA and
-    ~9 integer operations per value (the float path, _fma_rows, is ALU-bound on the H200).
+    ~9 integer operations per value (the float path, _fma_rows, is ALU-bound on the H200). Used when only one of
+    gate and up is IQ2_XXS (both: _iq2_dp_pair).
     Tile [group g, run l, row] (rows last, see _iq2_dot); PREFETCH: load the next block's fields first."""
     D: tl.constexpr = NSB * 256
     p16 = (ptr + expert_off).to(tl.pointer_type(tl.uint16))         # expert_off is even (66-byte blocks)
