@@ -14,6 +14,8 @@ zeros; the kernels' time does not depend on the values):
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
+  2c. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
+      torch.sort it replaces, for comparison;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
      attention's keys per program, while the time budget lasts.
@@ -45,6 +47,7 @@ from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+from ds4trt.plugins.kernels import topk_triton as TK  # noqa: E402
 
 D, F, E, K_SLOTS, N_LAYER, N_VOCAB = 4096, 2048, 256, 6, 43, 129280
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
@@ -80,6 +83,9 @@ F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 
 ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
 # (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
 ATTEND_SWEEP = ((32, 1, 8), (8, 4, 2), (8, 8, 1), (4, 8, 1), (4, 4, 1), (4, 16, 1), (8, 2, 1))
+# the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
+# and 64k tokens (the kernel's limit, MAX_N)
+TOPK_ROWS = (1028, 4100, 8196, 16384)
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
@@ -297,6 +303,23 @@ def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None
                         kind="sweep_attend", keys=K, config=list(cfg))))
 
 
+def bench_topk(bw: float, results: list) -> None:
+    """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
+    the stable torch.sort + slice of model/attention.py top_rows on the same scores."""
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    k = 512
+    for N in TOPK_ROWS:
+        for T in (1, 2, 4):
+            score = torch.randn(T, N, device=DEV, generator=gen)
+            score[torch.rand(T, N, device=DEV, generator=gen) < 0.3] = float("-inf")
+            nbytes = T * N * 4 + T * k * 8
+            for label, fn in ((f"top_rows {N} rows", lambda score=score: TK.top_rows_triton(score, k)),
+                              (f"torch.sort {N} rows", lambda score=score: torch.sort(
+                                  score, dim=-1, descending=True, stable=True).indices[:, :k])):
+                guarded(f"{label} T={T}", results, lambda fn=fn, T=T, nb=nbytes, label=label, N=N:
+                        results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="topk", rows=N)))
+
+
 def model_bytes_per_token(mix: str) -> dict:
     """Bytes one decode token must read, from the Flash shapes (spec ds4_architecture.md §2)."""
     q8 = lambda n, k: n * k // 32 * 34  # noqa: E731
@@ -319,8 +342,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,q4",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, q4 (moe)")
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,topk,q4",
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, topk, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -345,6 +368,8 @@ def main() -> int:
         bench_f16(bw, l2, results, sweeps)
     if "attend" in cases:
         bench_attend(bw, l2, results, sweeps)
+    if "topk" in cases:
+        bench_topk(bw, results)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
