@@ -516,7 +516,8 @@ def test_route_refuses_long_steps():
 
 # (N scores, k kept): a 4096-token cache at Flash's top-k (1024 compressed rows + a verify step's), the kernel's
 # longest rows (MAX_N), and small ones (k = N: all kept; 7 columns)
-@pytest.mark.parametrize("shape", [(1028, 512), (16384, 512), (40, 12), (7, 7)] if GPU else [(1028, 512), (40, 12), (7, 7)])
+@pytest.mark.parametrize("shape", [(1028, 512), (16384, 512), (40, 12), (7, 7)] if GPU
+                         else [(1028, 512), (40, 12), (7, 7)])
 def test_top_rows_vs_stable_sort(shape):
     """The indexer's top-k kernel keeps the same columns as a stable descending sort's first k (in ascending column
     order), on fresh scores in steps of 1/8 (many exact ties at the k-th value), -inf columns (invisible rows;
@@ -615,8 +616,7 @@ def test_every_variant_compiles_for_sm90():
             ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
                                   num_warps=Q.MMA_WARPS, grid=(1,)))
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X, \
-            route_triton as R
-        from ds4trt.plugins.kernels import topk_triton as TK
+            route_triton as R, topk_triton as TK
         for N in (1028, 16384):
             NP = 1 << (N - 1).bit_length()
             ok(TK._top_rows.warmup(f32, i64, N, K=512, NP=NP, num_warps=8, grid=(1,)))
