@@ -10,7 +10,9 @@ Split over the keys (flash-decoding), two launches:
       key sum;
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
       o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
-A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing. CONFIG = (KS, CH, warps) = (8, 4,
+A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing; a chunk of keys whose mask
+bytes are all zero for the row is skipped (its keys are not loaded), so rows that see few of the keys (a verify step's
+gathered top-k blocks, each row seeing its own) cost less than rows that see them all. CONFIG = (KS, CH, warps) = (8, 4,
 1): in bench_kernels' third sweep on the H200 (BENCHMARKS.md) as fast as or faster than (8, 4, 2) at every size
 tried (129 .. 8321 keys, T = 1 and 4; 1153 keys T = 4: 61.75 -> 52.57 us), and 1.3x to 2.4x faster than one chunk of
 32 keys at 8 warps; smaller programs ((4, 4, 1)) are faster up to 2177 keys but slower at 8321 (their partial sums
@@ -46,16 +48,17 @@ def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.const
     for i in range(CH):
         kk = (s * CH + i) * KS + tl.arange(0, KS)
         km = kk < K
-        keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)  # [KS, DP]
         vis = tl.load(m_ptr + t * K + kk, mask=km, other=0) != 0
-        sc = tl.where(vis, tl.sum(keys * q[None, :], axis=1) * scale, float("-inf"))              # [KS]
-        top = tl.maximum(mx, tl.max(sc, axis=0))
-        base = tl.where(top == float("-inf"), 0.0, top)      # all masked so far: 0 (never -inf - -inf)
-        p = tl.exp(sc - base)
-        carry = tl.exp(mx - base)                            # the earlier chunks' terms rescaled (0 for none)
-        total = total * carry + tl.sum(p, axis=0)
-        acc = acc * carry + tl.sum(p[:, None] * keys, axis=0)
-        mx = top
+        if tl.max(vis.to(tl.int32), axis=0) > 0:             # a chunk this row cannot see adds nothing: skipped
+            keys = tl.load(k_ptr + kk[:, None] * D + c[None, :], mask=km[:, None] & cm[None, :], other=0.0)
+            sc = tl.where(vis, tl.sum(keys * q[None, :], axis=1) * scale, float("-inf"))          # [KS]
+            top = tl.maximum(mx, tl.max(sc, axis=0))
+            base = tl.where(top == float("-inf"), 0.0, top)  # all masked so far: 0 (never -inf - -inf)
+            p = tl.exp(sc - base)
+            carry = tl.exp(mx - base)                        # the earlier chunks' terms rescaled (0 for none)
+            total = total * carry + tl.sum(p, axis=0)
+            acc = acc * carry + tl.sum(p[:, None] * keys, axis=0)
+            mx = top
     slot = (t * H + h) * NS + s
     tl.store(pm_ptr + slot, mx)
     tl.store(pl_ptr + slot, total)
