@@ -101,10 +101,12 @@ def test_incremental_equals_full_forward(numerics, tmp_path):
 
 
 @pytest.mark.parametrize("numerics", ["ds4", "float"])
-def test_step_does_not_depend_on_capacity(numerics, tmp_path):
-    """A verify step of 4 tokens gives the same logits in a 32-token cache and a 400-token one. The indexer
-    layers attend over the whole masked cache in the first (4 x top-k >= its 8 + 4 compressed rows) and over
-    each row's gathered top-k rows in the second; 6-7 compressed rows are visible against top-k 3."""
+def test_step_does_not_depend_on_capacity(numerics, tmp_path, monkeypatch):
+    """A verify step of 4 tokens gives the same logits in a 32-token cache and a 400-token one, with the indexer
+    layers attending over each row's gathered top-k rows and (GATHER_T = 0) over the whole masked cache; 6-7
+    compressed rows are visible against top-k 3."""
+    import ds4trt.model.attention as attention
+
     cfg = tiny_config()
     assert 4 in cfg.compress_ratios and cfg.index_top_k == 3
     path = tmp_path / "m.gguf"
@@ -112,12 +114,15 @@ def test_step_does_not_depend_on_capacity(numerics, tmp_path):
     engine = Engine.open(path, numerics=numerics, dtype=torch.float64)
     tokens = torch.randint(0, cfg.n_vocab, (28,), generator=torch.Generator().manual_seed(8)).tolist()
     outs = []
-    for ctx in (32, 400):
-        s = engine.session(ctx)
-        s.prefill(tokens[:24])
-        logits, _, _ = s.target_step(tokens[24:])                  # [4, V], nothing committed
-        outs.append(logits)
-    assert ((outs[0] - outs[1]).abs().max() / outs[0].abs().max()).item() <= 1e-9
+    for gather_t in (attention.GATHER_T, 0):
+        monkeypatch.setattr(attention, "GATHER_T", gather_t)
+        for ctx in (32, 400):
+            s = engine.session(ctx)
+            s.prefill(tokens[:24])
+            logits, _, _ = s.target_step(tokens[24:])              # [4, V], nothing committed
+            outs.append(logits)
+    for other in outs[1:]:
+        assert ((outs[0] - other).abs().max() / outs[0].abs().max()).item() <= 1e-9
 
 
 def test_rewind_replays_exactly(tiny_gguf):

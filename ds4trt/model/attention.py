@@ -21,6 +21,8 @@ from ds4trt.model.state import NEG, LayerCache, LayerRows
 QUERY_BLOCK = 256   # long prefill chunks score their queries in blocks of this many: bounds the [T, H, K] temporaries
 # (at T = 2048 the attention logits alone are 2 GiB) and lets each block skip the keys none of its queries sees.
 # A traced step (T = 3) is one block on the whole tensors: no slice bakes T into the graph.
+GATHER_T = 16       # steps of up to this many rows (decode, verify) attend over each row's gathered top-k compressed
+# rows when the cache holds more than top-k of them; longer ones over the whole cache, masked
 
 
 def _by_query_blocks(fn, *rows: torch.Tensor) -> torch.Tensor:
@@ -193,9 +195,10 @@ class Attention(nn.Module):
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
                 top = self._indexer_top(uc[4], qn, pos, cache.index, rows.index, comp_vis)     # [T, k]
-                if T <= QUERY_BLOCK and T * top.shape[1] < comp.shape[0]:
-                    # fewer keys as each row's own top-k rows than as the whole cache (its capacity, mostly
-                    # masked at short context): row t sees block t of the gathered rows, where they are visible
+                if T <= GATHER_T and top.shape[1] < comp.shape[0]:
+                    # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
+                    # context): row t sees block t of the gathered rows, where they are visible (the attention
+                    # kernel skips the other rows' blocks)
                     own = torch.arange(T, device=y.device)
                     own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
                     comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
