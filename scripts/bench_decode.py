@@ -24,6 +24,7 @@ achieved fraction. Also the device memory of the model and the peak of the whole
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import os
@@ -125,6 +126,18 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _inductor_option(text: str) -> tuple[str, object]:
+    """'NAME=VALUE' -> (NAME, the literal VALUE), NAME an existing torch._inductor.config option."""
+    import torch._inductor.config as config
+    name, sep, value = text.partition("=")
+    if not sep or not hasattr(config, name):
+        raise ValueError(f"{text!r}: expected NAME=VALUE with NAME an option of torch._inductor.config")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise ValueError(f"{text!r}: the value is not a Python literal") from None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=43, help="transformer layers (Flash has 43)")
@@ -140,6 +153,10 @@ def main() -> int:
                     help="verify step lengths to time after the prompt, comma-separated ('' for none: with --compile "
                          "each length compiles for about a minute at 43 layers)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
+    ap.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
+                    help="with --compile: set torch._inductor.config.NAME (a Python literal) before compiling, to "
+                         "measure an Inductor option, e.g. combo_kernels=True (horizontal fusion of independent "
+                         "kernels: fewer launches); repeatable")
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
                          "kernels by GPU time")
@@ -153,6 +170,11 @@ def main() -> int:
               file=sys.stderr)
         return 2
     ctx = args.ctx or need
+    try:
+        inductor = dict(_inductor_option(o) for o in args.inductor)
+    except ValueError as e:
+        print(f"bench_decode.py: --inductor {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -168,6 +190,9 @@ def main() -> int:
         model = to_device(Transformer(cfg, w, "ds4", experts=CudaExperts.from_weights,
                                       linear=cuda_linear), "cuda")
     if args.compile:
+        for name, value in inductor.items():
+            setattr(torch._inductor.config, name, value)
+            log(f"torch._inductor.config.{name} = {value!r}")
         compile_blocks(model)
     torch.cuda.synchronize()
     weights_gib = torch.cuda.memory_allocated() / 2 ** 30
@@ -267,6 +292,7 @@ def main() -> int:
     log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
         + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
+                inductor={k: repr(v) for k, v in inductor.items()},
                 date=time.strftime("%Y-%m-%d", time.gmtime()), cache_tokens=ctx, copy_bandwidth=bw,
                 model_gib=weights_gib, gguf_gib=gguf_gib, peak_gib=peak,
                 types=dict(zip(("gate", "up", "down"), map(type_name, Q2_MIX))))

@@ -16,7 +16,8 @@ gathered top-k blocks, each row seeing its own) cost less than rows that see the
 1): in bench_kernels' third sweep on the H200 (BENCHMARKS.md) as fast as or faster than (8, 4, 2) at every size
 tried (129 .. 8321 keys, T = 1 and 4; 1153 keys T = 4: 61.75 -> 52.57 us), and 1.3x to 2.4x faster than one chunk of
 32 keys at 8 warps; smaller programs ((4, 4, 1)) are faster up to 2177 keys but slower at 8321 (their partial sums
-to join grow); at T = 1 and Flash width (64 heads, ~129 raw keys) the first launch is 64 x 5 programs.
+to join grow), so calls of up to SMALL_KEYS keys take those (SMALL_CONFIG); at T = 1 and Flash width (64 heads,
+~129 raw keys) the first launch is 64 x 9 programs.
 A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
 layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 """
@@ -29,6 +30,8 @@ import triton.language as tl
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
 CONFIG = (8, 4, 1)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
+SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window layers: 129, a decode step's gathered
+# indexer rows: 641): in the third sweep 3-11 % faster than CONFIG there, much slower at 8321 (more partials to join)
 DB = 128         # output dims per program of _attend_join
 
 
@@ -98,7 +101,7 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
                          f"mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
     q, k = q.contiguous(), k.contiguous()
     m = mask.contiguous().view(torch.uint8)
-    ks, ch, warps = config or CONFIG
+    ks, ch, warps = config or (SMALL_CONFIG if K <= SMALL_KEYS else CONFIG)
     NS = triton.cdiv(K, ks * ch)
     part_m = torch.empty(T, H, NS, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
