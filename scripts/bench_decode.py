@@ -154,9 +154,9 @@ def main() -> int:
                          "each length compiles for about a minute at 43 layers)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
-                    help="with --compile: set torch._inductor.config.NAME (a Python literal) before compiling, to "
-                         "measure an Inductor option, e.g. combo_kernels=True (horizontal fusion of independent "
-                         "kernels: fewer launches); repeatable")
+                    help="with --compile: compile with torch._inductor.config.NAME = VALUE (a Python literal) over "
+                         "the backend's INDUCTOR_OPTIONS, to measure an Inductor option, e.g. combo_kernels=False "
+                         "(the default fuses independent kernels horizontally: fewer launches); repeatable")
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
                          "kernels by GPU time")
@@ -191,9 +191,8 @@ def main() -> int:
                                       linear=cuda_linear), "cuda")
     if args.compile:
         for name, value in inductor.items():
-            setattr(torch._inductor.config, name, value)
             log(f"torch._inductor.config.{name} = {value!r}")
-        compile_blocks(model)
+        compile_blocks(model, options=inductor)
     torch.cuda.synchronize()
     weights_gib = torch.cuda.memory_allocated() / 2 ** 30
     gguf_gib = sum(w.nbytes(n) for n in w.specs) / 2 ** 30

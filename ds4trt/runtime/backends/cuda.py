@@ -19,7 +19,8 @@ reads the session's own cache buffers, so a session's CacheState is never reallo
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
 per block kind and step length, compiled on first use (about a minute per step length for the 43 Flash
-layers on the H200); eager steps ignore it.
+layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch independent small
+kernels of a block as one.
 """
 
 from __future__ import annotations
@@ -395,13 +396,19 @@ class GraphedSteps(Steps):
             c.replay()
 
 
-def compile_blocks(*models: nn.Module) -> None:
-    """torch.compile every transformer block of these models in place (see the module docstring)."""
+# Horizontal fusion of a block's independent glue kernels (1-3 us each): on the H200, 43 Flash layers at --ctx 4096,
+# a decode step's Inductor kernels 1401 -> 956 (2345 -> 1628 us), the step 10.26 -> 9.37 ms (BENCHMARKS.md).
+INDUCTOR_OPTIONS = {"combo_kernels": True}
+
+
+def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
+    """torch.compile every transformer block of these models in place (see the module docstring), with
+    INDUCTOR_OPTIONS updated by `options` (torch._inductor.config names)."""
     torch._dynamo.config.recompile_limit = 512          # block kinds x step lengths, all legitimate
     torch._dynamo.config.accumulated_recompile_limit = 4096
     for m in models:
         for b in (m.blocks if hasattr(m, "blocks") else [m.block]):
-            b.compile(fullgraph=True, dynamic=False)
+            b.compile(fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS | (options or {}))
 
 
 def resident_bytes(weights) -> int:
