@@ -5,7 +5,8 @@ Checked against the PyTorch reference on the CPU (Engine.open, float32, every we
   - Q8Linear against Linear on fresh random blocks, every row-count path and grouped rows;
   - greedy tokens of the tiny model and of the bundled demo model identical on both paths, graphs on and off;
   - speculative decoding on the GPU path gives exactly its greedy tokens (demo model, real MTP head, drafts
-    1..4, several prompts), commits every accepted-length graph, and leaves the caches of sequential decoding;
+    1..4, several prompts; and with the blocks compiled), commits every accepted-length graph, and leaves the
+    caches of sequential decoding;
   - rewind resets the caches in place, so the captured graphs stay valid.
 GPU tests skip without CUDA; with DS4_TRITON_INTERPRET=1 the eager kernel path runs on the CPU interpreter.
 """
@@ -173,9 +174,20 @@ def test_demo_greedy_matches_cpu(demo):
 def test_demo_speculative_equals_greedy(demos, numerics, n_draft):
     """Tokens always; caches too in float numerics (in ds4 numerics the float32 differences between a batched
     verify and T = 1 steps can move an FP8-rounded KV value by one step: the tokens still agree)."""
-    demo = demos[numerics]
+    _speculative_equals_greedy(demos[numerics], numerics, n_draft, DEMO_PROMPTS)
+
+
+@gpu_only
+def test_demo_speculative_compiled_equals_greedy():
+    """compile=True (Inductor with INDUCTOR_OPTIONS, as ds4-run --compile): the compiled verify steps accept exactly
+    the tokens of the compiled T = 1 steps, and leave their caches"""
+    demo = cuda.open_engine(MODELS / "demo.gguf", MODELS / "demo-mtp.gguf", numerics="float", compile=True)
+    _speculative_equals_greedy(demo, "float", 3, DEMO_PROMPTS[:3])
+
+
+def _speculative_equals_greedy(demo, numerics: str, n_draft: int, prompts) -> None:
     kept = set()
-    for text in DEMO_PROMPTS:
+    for text in prompts:
         ref = demo.session(512)
         ref.prefill(demo.tokenizer.encode(text))
         want = [ref.argmax()]
