@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """What ptxas makes of the decode kernels for the H200 (sm_90), on a machine without a GPU.
 
-    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--dump DIR]
+    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--long] [--dump DIR]
 
 For each launch shape (default: the current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, and the two hyper-connection kernels of
-hc_pre_triton, and prints registers per thread, spills,
-shared memory and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
-writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR.
-Instruction counts are static (the loop bodies are not multiplied out); compare variants of one kernel.
+hc_pre_triton (--long: also the multi-pair MoE kernels of prefill chunks, at LONG_CONFIG), and prints registers per
+thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
+e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global /
+shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes,
+warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of
+one kernel. The q2 mix's down kernel is compiled at the gate's launch shape here; the backend runs it at Q2_K's
+own (SINGLE_CONFIG): `--moe 32:4:1` shows that one.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -37,6 +40,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
     ap.add_argument("--q8", nargs="*", type=shape, default=None, help="Q8_0 T=1 shapes rows:warps")
+    ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIG")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
@@ -68,6 +72,18 @@ def main() -> int:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
                 f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
                 COMPACT=False, num_warps=warps, grid=(1,)))
+    if args.long:
+        cap, br, warps, stages = M.LONG_CONFIG
+        for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
+            gbs, gns, gl = M.LAYOUT[gate]
+            dbs, dns, dl = M.LAYOUT[down]
+            report(f"moe_gateup_multi_t{gate}_{br}x{warps}", M._moe_gateup_multi.warmup(
+                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, F * D // 256 * gbs, F * D // 256 * gbs, 10.0,
+                NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=gate, UBS=gbs, UNS=gns, UL=gl, BR=br, CAP=cap,
+                COMPACT=True, num_warps=warps, num_stages=stages, grid=(1,)))
+            report(f"moe_down_multi_t{down}_{br}x{warps}", M._moe_down_multi.warmup(
+                f32, i64, i32, i32, i32, u8, f32, i16, u8, D, D * F // 256 * dbs, NSB=F // 256, DT=down, DBS=dbs,
+                DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=True, num_warps=warps, num_stages=stages, grid=(1,)))
     for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
             _, steps, splits = Q.row_launch(n, k, br, *min_programs)
@@ -80,7 +96,8 @@ def main() -> int:
                                         num_warps=4, grid=(1,)))
     report("hc_combine", H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=S,
                                               D=D, MP=32, SPLITS=H.SPLITS, DY=H.DY, num_warps=1, grid=(1,)))
-    cols = ("regs", "spills", "shared", "instructions") + tuple(o for o in sm90.OPCODES if o not in ("STL", "LDL"))
+    cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES
+                                                                        if o not in ("STL", "LDL"))
     width = {c: max(6, len(c)) + 1 for c in cols}
     print(f"{'kernel':30s}" + "".join(f"{c:>{width[c]}s}" for c in cols))
     for label, st in rows:

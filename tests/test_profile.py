@@ -64,3 +64,27 @@ def test_trace_table_sums_kernels_per_trace(tmp_path):
     (tmp_path / "bad.tsv").write_text("_q8_rows 3.0\n")
     out = run(tmp_path / "bad.tsv")
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.tsv line 1" in out.stderr
+
+
+SASS_TWO_LOOPS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   FFMA R2, R3, R4, R5 ;
+        /*0020*/                   LDG.E R6, desc[UR4][R8.64] ;
+        /*0030*/                   FADD R2, R2, R6 ;
+        /*0040*/              @P0 BRA 0x10 ;
+        /*0050*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0060*/             @!P1 BRA 0x50 ;
+        /*0070*/                   BRA 0x90 ;
+        /*0080*/                   NOP;
+        /*0090*/                   EXIT ;
+        /*00a0*/                   BRA 0xa0;
+"""
+
+
+def test_loop_instructions_counts_the_longest_backward_branch_body():
+    """sm90.loop_instructions (scripts/sass_report.py's loop column): the loop at 0x10..0x40 (4 instructions) is
+    longer than the one at 0x50..0x60 (2); neither a forward branch nor the closing branch to itself is a loop."""
+    from ds4trt.testing.sm90 import loop_instructions
+    assert loop_instructions(SASS_TWO_LOOPS) == 4
+    assert loop_instructions(SASS_TWO_LOOPS.replace("@P0 BRA 0x10", "@P0 BRA 0x80")) == 2
+    assert loop_instructions("        /*0000*/                   EXIT ;\n") == 0

@@ -2,7 +2,7 @@
 
     activate()                                   # in a process where TRITON_INTERPRET is unset, before any .warmup
     k = kernel.warmup(*args, grid=(1,), **constexprs, num_warps=4)     # compiles, never runs
-    sass_stats(k) -> {"regs": 127, "spills": 0, "instructions": 1936, "FFMA": 352, "LDG": 78, ...}
+    sass_stats(k) -> {"regs": 127, "spills": 0, "instructions": 1936, "loop": 391, "FFMA": 352, "LDG": 78, ...}
 
 activate() swaps Triton's active driver for a stand-in that answers sm_90; compilation then uses the ptxas
 shipped in the triton wheel, and sass_stats disassembles the cubin with the wheel's cuobjdump. Used by the
@@ -86,14 +86,30 @@ def sass(kernel) -> str:
     return _cuobjdump(kernel, "-sass")
 
 
+def loop_instructions(code: str) -> int:
+    """Instructions in the longest loop body of a SASS listing: from the target of a backward branch to the branch
+    (0 without one). Static counts over the whole kernel mix setup with the loop; this is what each step costs."""
+    addrs = [int(a, 16) for a in re.findall(r"^\s+/\*([0-9a-f]+)\*/\s+\S", code, re.M)]
+    index = {a: i for i, a in enumerate(addrs)}
+    longest = 0
+    branches = re.findall(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?BRA\S*\s+0x([0-9a-f]+)", code, re.M)
+    for at, target in branches:
+        at, target = int(at, 16), int(target, 16)
+        if target < at and target in index:
+            longest = max(longest, index[at] - index[target] + 1)
+    return longest
+
+
 def sass_stats(kernel) -> dict:
-    """Registers per thread, spills (STL + LDL), shared memory bytes, instruction count and OPCODES counts."""
+    """Registers per thread, spills (STL + LDL), shared memory bytes, instruction count, the longest loop's
+    instruction count (loop_instructions) and OPCODES counts."""
     code = _cuobjdump(kernel, "-res-usage", "-sass")                    # the resource line, then the SASS
     if "FFMA" not in code and "MMA" not in code:
         raise RuntimeError(f"sm90.sass_stats: no FFMA/MMA in the disassembly of {kernel.metadata.name}")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", code, re.M)
     regs = re.search(r"REG:(\d+)", code)
-    out = dict(regs=int(regs.group(1)) if regs else -1, shared=kernel.metadata.shared, instructions=len(ops))
+    out = dict(regs=int(regs.group(1)) if regs else -1, shared=kernel.metadata.shared, instructions=len(ops),
+               loop=loop_instructions(code))
     for op in OPCODES:
         out[op] = sum(1 for o in ops if o == op or o.startswith(op + "."))
     out["spills"] = out["STL"] + out["LDL"]
