@@ -3,15 +3,14 @@
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--long] [--dump DIR]
 
-For each launch shape (default: the current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
+For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, and the two hyper-connection kernels of
 hc_pre_triton (--long: also the multi-pair MoE kernels of prefill chunks, at LONG_CONFIG), and prints registers per
 thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
 e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global /
 shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes,
 warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of
-one kernel. The q2 mix's down kernel is compiled at the gate's launch shape here; the backend runs it at Q2_K's
-own (SINGLE_CONFIG): `--moe 32:4:1` shows that one.
+one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -61,14 +60,18 @@ def main() -> int:
             with open(os.path.join(args.dump, label + ".sass"), "w") as f:
                 f.write(sm90.sass(k))
 
+    def single(t: int) -> tuple:      # moe_forward's one-pair launch for block type t: (rows, warps, prefetch)
+        br, warps, _, pf = M.SINGLE_CONFIG[t]
+        return br, warps, pf
+
     for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-        configs = args.moe or [M.SINGLE_CONFIG[gate][:2] + (M.SINGLE_CONFIG[gate][3],)]
-        for br, warps, pf in configs:
-            ge = F * D // 256 * M.LAYOUT[gate][0]
-            de = D * F // 256 * M.LAYOUT[down][0]
+        ge = F * D // 256 * M.LAYOUT[gate][0]
+        de = D * F // 256 * M.LAYOUT[down][0]
+        for br, warps, pf in args.moe or [single(gate)]:
             report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}", M._moe_gateup_single.warmup(
                 f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge, ge, 10.0, M.ONE_BITS,
                 NSB=D // 256, GT=gate, UT=gate, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=warps, grid=(1,)))
+        for br, warps, pf in args.moe or [single(down)]:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
                 f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
                 COMPACT=False, num_warps=warps, grid=(1,)))
