@@ -127,10 +127,14 @@ def timed(fn, repeats: int) -> float:
 
 
 def _inductor_option(text: str) -> tuple[str, object]:
-    """'NAME=VALUE' -> (NAME, the literal VALUE), NAME an existing torch._inductor.config option."""
+    """'NAME=VALUE' -> (NAME, the literal VALUE), NAME an existing torch._inductor.config option (dotted for the
+    nested ones, e.g. triton.enable_pdl)."""
     import torch._inductor.config as config
     name, sep, value = text.partition("=")
-    if not sep or not hasattr(config, name):
+    owner, _, leaf = name.rpartition(".")
+    for part in owner.split(".") if owner else ():
+        config = getattr(config, part, None)
+    if not sep or config is None or not hasattr(config, leaf):
         raise ValueError(f"{text!r}: expected NAME=VALUE with NAME an option of torch._inductor.config")
     try:
         return name, ast.literal_eval(value)

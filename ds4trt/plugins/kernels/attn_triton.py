@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
 CONFIG = (8, 4, 1)    # (keys per chunk KS, chunks per program CH, warps) of _attend_part
 SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window layers: 129, a decode step's gathered
@@ -37,8 +39,10 @@ DB = 128         # output dims per program of _attend_join
 
 @triton.jit
 def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.constexpr, H: tl.constexpr,
-                 D: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr, CH: tl.constexpr, NS: tl.constexpr):
+                 D: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr, CH: tl.constexpr, NS: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (t, h, s): the keys s*CH*KS .. in CH chunks of KS, the softmax's maximum kept as it goes."""
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -70,7 +74,8 @@ def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.const
 
 @triton.jit
 def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, NS: tl.constexpr,
-                 NSP: tl.constexpr, DB: tl.constexpr):
+                 NSP: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     c = tl.program_id(2) * DB + tl.arange(0, DB)
@@ -108,9 +113,9 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
     part_acc = torch.empty(T, H, NS, D, dtype=torch.float32, device=q.device)
     DP = triton.next_power_of_2(D)
     _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=ks, CH=ch,
-                             NS=NS, num_warps=warps)
+                             NS=NS, num_warps=warps, **pdl_launch(q.device))
     o = torch.empty_like(q)
     db = min(DB, DP)
     _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
-                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4)
+                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4, **pdl_launch(q.device))
     return o

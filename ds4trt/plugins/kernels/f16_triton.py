@@ -15,16 +15,20 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 4               # rows of x per call (decode, verify of up to 3 drafts); longer steps use torch
 TILE = 2048             # BR * BK at most: 16 float32 partial products per thread and row of x at 4 warps
 
 
 @triton.jit(do_not_specialize=["KS"])
-def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr):
+def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+              PDL: tl.constexpr):
     """out[0:TP, rows] for BR rows of w from program_id(0) * BR. KS (= K) is w's row stride as a runtime value the
     compiler only knows to be a multiple of 4: w is then read 4 halves (8 bytes) per load, and x, read in the same
     [BR, BK] shape, 4 floats per load, so both tiles get one layout (8-byte f16 loads against 16-byte f32 loads
     gave two, and the loop converted x through shared memory)."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < N
     c = tl.arange(0, BK)[None, :]
@@ -77,5 +81,6 @@ def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None 
     N = w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     br, bk = config or launch_shape(N, K, T)
-    _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4)
+    _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4,
+                                     **pdl_launch(x.device))
     return out

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, where the launches count)
 SPLITS = 32             # programs per token of the products, each over S*D/SPLITS inputs
 KB = 256                # inputs per loop step
@@ -53,7 +55,9 @@ def _mix(row, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: t
 
 
 @triton.jit
-def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr):
+def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr,
+            PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     _mix(m_ptr + t * ((2 + S) * S), scale_ptr, base_ptr, pre_ptr + t * S, post_ptr + t * S, comb_ptr + t * S * S,
          hc_eps, ITERS, S)
@@ -61,9 +65,10 @@ def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITE
 
 @triton.jit
 def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
-             KC: tl.constexpr, KB: tl.constexpr):
+             KC: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):
     """Program (t, split): inputs split*KC .. split*KC+KC-1 (a multiple of KB; those past S*D masked) of token t's
     S*D stream values -> part[t, split] = (their MP dot products with the rows of fn, their sum of squares)."""
+    pdl_enter(PDL)
     t = tl.program_id(0)
     sp = tl.program_id(1)
     M: tl.constexpr = (2 + S) * S
@@ -86,10 +91,11 @@ def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.c
 @triton.jit
 def _hc_combine(x_ptr, part_ptr, m_ptr, scale_ptr, base_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr, rms_eps, hc_eps,
                 ITERS: tl.constexpr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
-                DY: tl.constexpr):
+                DY: tl.constexpr, PDL: tl.constexpr):
     """Program (t, c), one warp: adds token t's partials in split order (deterministic), mixes (every program of
     the token alike; program c = 0 stores m, pre, post and comb, the others a scratch row) and writes
     y[t, c*DY .. c*DY+DY-1] (its stream values loaded first, so that their latency overlaps the mixing)."""
+    pdl_enter(PDL)
     t = tl.program_id(0)
     c = tl.program_id(1)
     i = tl.arange(0, S)
@@ -121,7 +127,8 @@ def hc_mix_triton(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: i
     post = torch.empty_like(pre)
     comb = torch.empty(T, S, S, dtype=torch.float32, device=m.device)
     if T:
-        _hc_mix[(T,)](m, scale, base, pre, post, comb, float(hc_eps), ITERS=iters, S=S, num_warps=1)
+        _hc_mix[(T,)](m, scale, base, pre, post, comb, float(hc_eps), ITERS=iters, S=S, num_warps=1,
+                      **pdl_launch(m.device))
     return pre, post, comb
 
 
@@ -147,7 +154,8 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
     post = torch.empty_like(pre)
     comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
     _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
-                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4)
+                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4,
+                          **pdl_launch(X.device))
     _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
-                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1)
+                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1, **pdl_launch(X.device))
     return y, post[:T], comb[:T]

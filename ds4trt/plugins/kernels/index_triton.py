@@ -17,12 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
 KB = 16          # keys per program
 
 
 @triton.jit
-def _index_score(w_ptr, q_ptr, k_ptr, out_ptr, K, NH, NHP: tl.constexpr, DI: tl.constexpr, KB: tl.constexpr):
+def _index_score(w_ptr, q_ptr, k_ptr, out_ptr, K, NH, NHP: tl.constexpr, DI: tl.constexpr, KB: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     kk = tl.program_id(1) * KB + tl.arange(0, KB)
     km = kk < K
@@ -49,5 +53,6 @@ def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> 
     out = torch.empty(T, K, dtype=torch.float32, device=q.device)
     if K:
         _index_score[(T, triton.cdiv(K, KB))](w.contiguous(), q.contiguous(), keys.contiguous(), out, K, NH,
-                                               NHP=max(16, triton.next_power_of_2(NH)), DI=DI, KB=KB, num_warps=4)
+                                               NHP=max(16, triton.next_power_of_2(NH)), DI=DI, KB=KB, num_warps=4,
+                                               **pdl_launch(q.device))
     return out

@@ -71,6 +71,8 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from gguf import quants as gguf_quants
 
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
@@ -593,9 +595,10 @@ def _swiglu(g, u, clamp):
 
 @triton.jit
 def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.constexpr, PB: tl.constexpr,
-                 D: tl.constexpr):
+                 D: tl.constexpr, PDL: tl.constexpr):
     """Program 0 groups the P (token, slot) pairs by expert (PB >= P a power of two; P = 0: no items, a long call's
     come from _long_items); program 1 + i quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs)."""
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     if pid == 0:
         p = tl.arange(0, PB)
@@ -622,9 +625,10 @@ def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.con
 def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
                        ksigns_ptr, xq_ptr, dp_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE,
                        NSB: tl.constexpr, GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr,
-                       UPF: tl.constexpr, COMPACT: tl.constexpr):
+                       UPF: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
     """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t): IQ2_XXS on the integers of
     _quant_runs (xq), the other types by float32 FMA."""
+    pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
@@ -653,8 +657,9 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
 @triton.jit
 def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
                      D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
-                     DPF: tl.constexpr, COMPACT: tl.constexpr):
+                     DPF: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
     """Items of one pair: y[pair, rows] = down_e h[pair], float32 FMA."""
+    pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
@@ -701,8 +706,9 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, g
                       ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, NSB: tl.constexpr,
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
-                      BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr):
+                      BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
     """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
+    pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
         D = NSB * 256
@@ -730,8 +736,10 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, g
 @triton.jit
 def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
                     D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
-                    DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr):
+                    DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr,
+                    PDL: tl.constexpr):
     """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
+    pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
         F = NSB * 256
@@ -751,8 +759,10 @@ def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_
 
 @triton.jit
 def _dequant_rows(ptr, out_ptr, n_rows, K, grid_ptr, ksigns_ptr,
-                  TYPE: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
+                  TYPE: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr,
+                  PDL: tl.constexpr):
     """out[rows, block sb] = the dequantized values (rows past n_rows read the last row, are not stored)."""
+    pdl_enter(PDL)
     row0 = tl.program_id(0) * BR
     sb = tl.program_id(1)
     j = tl.arange(0, BR * NS)
@@ -886,11 +896,13 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:
-            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4)
+            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4,
+                                                **pdl_launch(device))
     else:
         pairs_only = T <= SINGLE_MAX_T
         _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
-                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4)
+                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4,
+                                            **pdl_launch(device))
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
     gu_rest = (k, F, ge, ue, float(clamp))
@@ -900,23 +912,25 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
                                                  ws.xq, dp_tab, *gu_rest, ONE_BITS, NSB=D // QK,
                                                  GT=gate_type, UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
-                                                 num_warps=gwarps, **({"maxnreg": greg} if greg else {}))
+                                                 num_warps=gwarps, **pdl_launch(device),
+                                                 **({"maxnreg": greg} if greg else {}))
     if n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
                                                *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
-                                               COMPACT=long, num_warps=mwarps,
+                                               COMPACT=long, num_warps=mwarps, **pdl_launch(device),
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
         _moe_down_single[(n_single, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, NSB=F // QK, DT=down_type,
-                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps,
+                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps, **pdl_launch(device),
                                                **({"maxnreg": dreg} if dreg else {}))
     if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*dn_args, m_starts, *dn_rest, NSB=F // QK, DT=down_type, DBS=dbs,
                                              DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps,
+                                             **pdl_launch(device),
                                              **({"num_stages": mstages} if long else {}))
     if per_slot:
         return ws.y.view(T, k, D)
@@ -934,5 +948,6 @@ def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> t
     if n:
         grid_tab, ksigns_tab, _ = _tables(blocks.device)
         _dequant_rows[(triton.cdiv(n, br), K // QK)](blocks, out, n, K, grid_tab, ksigns_tab,
-                                                     TYPE=ggml_type, BS=bs, NS=ns, L=l, BR=br)
+                                                     TYPE=ggml_type, BS=bs, NS=ns, L=l, BR=br,
+                                                     **pdl_launch(blocks.device))
     return out

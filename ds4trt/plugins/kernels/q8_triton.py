@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 QK, BLOCK_BYTES = 32, 34
 NB_STEP = 8                  # blocks per loop step of the T <= 4 kernel: 256 values, 64 words per row
 SPAN = NB_STEP * QK          # values of a row that split_q8 word-interleaves (one such step); rows are padded to it
@@ -55,7 +57,7 @@ MMA_BR, MMA_WARPS = 64, 4
 
 @triton.jit
 def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, K: tl.constexpr,
-             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr):
+             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of 8
     blocks from split*STEPS*8 on (split_q8's layout: a step is 64 words, word j of block b at 8*j + b).
     Tile [word j, block b, row], rows last: Triton orders a tile's dims by contiguity, then by position, so each lane
@@ -64,6 +66,7 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     SPLITS > 1: each program stores its partial sums in part[split] and counts itself in cnt[i] (an atomic); the
     last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
     back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it)."""
+    pdl_enter(PDL)
     KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     row0 = tl.program_id(0) * BR
     kb0 = tl.program_id(1) * STEPS
@@ -134,8 +137,9 @@ def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
 
 
 @triton.jit
-def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexpr, BR: tl.constexpr):
+def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
     """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3), K in steps of MMA_NB blocks."""
+    pdl_enter(PDL)
     KP: tl.constexpr = (K + 255) // 256 * 256
     row0 = tl.program_id(0) * BR
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
@@ -249,12 +253,14 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         tiles, steps_total, splits = row_launch(N, K, br, min_programs)
         part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
         _q8_rows[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
-                                  K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=T, num_warps=warps)
+                                  K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=T, num_warps=warps,
+                                  **pdl_launch(x.device))
         return out
     br, warps = (config or (MMA_BR, MMA_WARPS))[:2]
     while groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps)
+    _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps,
+                                     **pdl_launch(x.device))
     return out

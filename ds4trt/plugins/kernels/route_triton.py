@@ -17,12 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 16       # route_triton's row limit (decode and verify steps)
 
 
 @triton.jit
 def _route_rows(x_ptr, b_ptr, ids_ptr, w_ptr, scale, floor, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-                KP: tl.constexpr):
+                KP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     e = tl.arange(0, EP)
     em = e < E
@@ -59,5 +62,6 @@ def route_triton(logits: torch.Tensor, bias: torch.Tensor, k: int, scale: float,
     ids = torch.empty(T, k, dtype=torch.int64, device=logits.device)
     w = torch.empty(T, k, dtype=torch.float32, device=logits.device)
     _route_rows[(T,)](logits.contiguous(), bias.float().contiguous(), ids, w, scale, floor, E=E,
-                      EP=triton.next_power_of_2(E), K=k, KP=triton.next_power_of_2(k), num_warps=1)
+                      EP=triton.next_power_of_2(E), K=k, KP=triton.next_power_of_2(k), num_warps=1,
+                      **pdl_launch(logits.device))
     return ids, w

@@ -19,12 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 MAX_T = 16       # top_rows_triton's row limit (decode and verify steps)
 MAX_N = 16384    # scores per row held in one program's registers (8 warps: 64 per thread)
 
 
 @triton.jit
-def _top_rows(s_ptr, out_ptr, N, K: tl.constexpr, NP: tl.constexpr):
+def _top_rows(s_ptr, out_ptr, N, K: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     col = tl.arange(0, NP)
     cm = col < N
@@ -56,5 +59,6 @@ def top_rows_triton(score: torch.Tensor, k: int) -> torch.Tensor:
                          f"{score.dtype} {list(score.shape)}, k {k}")
     out = torch.empty(T, k, dtype=torch.int64, device=score.device)
     NP = triton.next_power_of_2(N)
-    _top_rows[(T,)](score.contiguous(), out, N, K=k, NP=NP, num_warps=8 if NP >= 2048 else 4)
+    _top_rows[(T,)](score.contiguous(), out, N, K=k, NP=NP, num_warps=8 if NP >= 2048 else 4,
+                    **pdl_launch(score.device))
     return out
