@@ -20,7 +20,8 @@ compile=True: torch.compile (Inductor) fuses the glue between the kernels inside
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
 per block kind and step length, compiled on first use (about a minute per step length for the 43 Flash
 layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch independent small
-kernels of a block as one.
+kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent launch (PDL) like the
+package's own kernels (plugins/kernels/pdl.py).
 """
 
 from __future__ import annotations
@@ -397,8 +398,9 @@ class GraphedSteps(Steps):
 
 
 # Horizontal fusion of a block's independent glue kernels (1-3 us each): on the H200, 43 Flash layers at --ctx 4096,
-# a decode step's Inductor kernels 1401 -> 956 (2345 -> 1628 us), the step 10.26 -> 9.37 ms (BENCHMARKS.md).
-INDUCTOR_OPTIONS = {"combo_kernels": True}
+# a decode step's Inductor kernels 1401 -> 956 (2345 -> 1628 us), the step 10.26 -> 9.37 ms. Programmatic dependent
+# launch of Inductor's kernels (sm_90+, as plugins/kernels/pdl.py does for ours): 9.32 -> 8.75 ms (BENCHMARKS.md).
+INDUCTOR_OPTIONS = {"combo_kernels": True, "triton.enable_pdl": True}
 
 
 def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
