@@ -23,8 +23,6 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-
 from ds4trt.testing import sm90  # noqa: E402
 
 D, F, Q2_K, Q4_K, IQ2_XXS = 4096, 2048, 10, 12, 16
@@ -45,9 +43,8 @@ def main() -> int:
     sm90.activate()
     from ds4trt.plugins.kernels import moe_triton as M
     from ds4trt.plugins.kernels import q8_triton as Q
+    from ds4trt.testing import warmups as W
 
-    u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
-    i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
     rows = []
 
     def report(label: str, k) -> None:
@@ -65,41 +62,23 @@ def main() -> int:
         return br, warps, pf
 
     for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-        ge = F * D // 256 * M.LAYOUT[gate][0]
-        de = D * F // 256 * M.LAYOUT[down][0]
         for br, warps, pf in args.moe or [single(gate)]:
-            report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}", M._moe_gateup_single.warmup(
-                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge, ge, 10.0, M.ONE_BITS,
-                NSB=D // 256, GT=gate, UT=gate, BR=br, GPF=pf, UPF=pf, COMPACT=False, num_warps=warps,
-                PDL=True, grid=(1,)))
+            report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}",
+                   W.moe_gateup_single(gate, gate, D, F, br, warps, pf))
         for br, warps, pf in args.moe or [single(down)]:
-            report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", M._moe_down_single.warmup(
-                f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS, NSB=F // 256, DT=down, BR=br, DPF=pf,
-                COMPACT=False, num_warps=warps, PDL=True, grid=(1,)))
+            report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", W.moe_down_single(down, D, F, br, warps, pf))
     if args.long:
         cap, br, warps, stages = M.LONG_CONFIG
         for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-            gbs, gns, gl = M.LAYOUT[gate]
-            dbs, dns, dl = M.LAYOUT[down]
-            report(f"moe_gateup_multi_t{gate}_{br}x{warps}", M._moe_gateup_multi.warmup(
-                f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, F * D // 256 * gbs, F * D // 256 * gbs, 10.0,
-                NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=gate, UBS=gbs, UNS=gns, UL=gl, BR=br, CAP=cap,
-                COMPACT=True, num_warps=warps, num_stages=stages, PDL=True, grid=(1,)))
-            report(f"moe_down_multi_t{down}_{br}x{warps}", M._moe_down_multi.warmup(
-                f32, i64, i32, i32, i32, u8, f32, i16, u8, D, D * F // 256 * dbs, NSB=F // 256, DT=down, DBS=dbs,
-                DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=True, num_warps=warps, num_stages=stages, PDL=True, grid=(1,)))
+            report(f"moe_gateup_multi_t{gate}_{br}x{warps}",
+                   W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True, stages))
+            report(f"moe_down_multi_t{down}_{br}x{warps}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
     for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
             _, steps, splits = Q.row_launch(n, k, br, *min_programs)
-            report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", Q._q8_rows.warmup(
-                f32, u8, f16, f32, f32, i32, n, n, Q.ONE_BITS, K=k, BR=br, STEPS=steps // splits, SPLITS=splits,
-                TP=1, num_warps=warps, PDL=True, grid=(1,)))
-    from ds4trt.plugins.kernels import hc_triton as H
-    S = 4
-    report("hc_dots", H._hc_dots.warmup(f32, f32, f32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,
-                                        num_warps=4, PDL=True, grid=(1,)))
-    report("hc_combine", H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=S,
-                                              D=D, MP=32, SPLITS=H.SPLITS, DY=H.DY, num_warps=1, PDL=True, grid=(1,)))
+            report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", W.q8_rows(k, br, warps, steps // splits, splits, 1, N=n))
+    report("hc_dots", W.hc_dots(4, D))
+    report("hc_combine", W.hc_combine(4, D))
     cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES
                                                                         if o not in ("STL", "LDL"))
     width = {c: max(6, len(c)) + 1 for c in cols}

@@ -561,15 +561,12 @@ def test_every_variant_compiles_for_sm90():
     code = textwrap.dedent("""
         import os, sys
         os.environ.pop("TRITON_INTERPRET", None)
-        import torch
         from ds4trt.testing.sm90 import activate, sass_stats
         activate()
-        from ds4trt.plugins.kernels import moe_triton as M, q8_triton as Q
+        from ds4trt.testing import warmups as W
+        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
         from bench_kernels import ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
-        LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
-        u8, f16, f32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
-        i64, i32, i16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
         n = 0
         def ok(k):
             # launch limits the interpreter cannot see: dynamic shared memory per block (227 KB on sm_90)
@@ -577,117 +574,70 @@ def test_every_variant_compiles_for_sm90():
             assert "cubin" in k.asm and k.metadata.name, k
             assert k.metadata.shared <= 227 * 1024, (k.metadata.name, k.metadata.shared)
             n += 1
+            return k
         for P, D in ((6, 4096), (96, 512)):
-            ok(M._moe_prepare.warmup(i64, i32, i32, P, f32, i32, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()),
-                                     D=D, num_warps=4, PDL=True, grid=(1,)))
+            ok(W.moe_prepare(P, D))
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
-                ge, ue, de = (r * c // 256 * M.LAYOUT[t][0] for t, (r, c) in zip((gt, ut, dt), ((F, D), (F, D), (D, F))))
                 (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-                for cfg_g, cfg_d in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
-                                     ((16, 4, None, not gpf), (16, 4, None, not dpf))):
-                    br, w, reg, pf = cfg_g
-                    ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge,
-                       ue, 10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=br, GPF=pf, UPF=pf, COMPACT=False,
-                       num_warps=w, PDL=True, grid=(1,), **({"maxnreg": reg} if reg else {})))
-                    br, w, reg, pf = cfg_d
-                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, M.ONE_BITS,
-                       NSB=F // 256, DT=dt, BR=br, DPF=pf, COMPACT=False, num_warps=w, PDL=True, grid=(1,),
-                       **({"maxnreg": reg} if reg else {})))
-                (gbs, gns, gl), (ubs, uns, ul), (dbs, dns, dl) = M.LAYOUT[gt], M.LAYOUT[ut], M.LAYOUT[dt]
+                for (br, w, reg, pf), (dbr_, dw_, dreg_, dpf_) in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
+                                                               ((16, 4, None, not gpf), (16, 4, None, not dpf))):
+                    ok(W.moe_gateup_single(gt, ut, D, F, br, w, pf, maxnreg=reg))
+                    ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
                 for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3),
                                                 (*M.LONG_CONFIG[:3], True, M.LONG_CONFIG[3]), (16, 32, 4, True, 1)):
-                    ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, F, ge, ue,
-                       10.0, NSB=D // 256, GT=gt, GBS=gbs, GNS=gns, GL=gl, UT=ut, UBS=ubs, UNS=uns, UL=ul, BR=br,
-                       CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, PDL=True, grid=(1,)))
-                    ok(M._moe_down_multi.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, D, de, NSB=F // 256,
-                       DT=dt, DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st,
-                       PDL=True, grid=(1,)))
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, F, ge,
-                   ue, 10.0, M.ONE_BITS, NSB=D // 256, GT=gt, UT=ut, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=True,
-                   num_warps=gw, PDL=True, grid=(1,)))
-            bs, ns, l = M.LAYOUT[gt]
-            ok(M._dequant_rows.warmup(u8, f32, 96, 4096, i16, u8, TYPE=gt, BS=bs, NS=ns, L=l, BR=16,
-                                      PDL=True, grid=(1,)))
+                    ok(W.moe_gateup_multi(gt, ut, D, F, cap, br, w, compact, st))
+                    ok(W.moe_down_multi(dt, D, F, cap, br, w, compact, st))
+                ok(W.moe_gateup_single(gt, ut, D, F, gbr, gw, gpf, compact=True))
+            ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
             for T, (br, w, _) in Q.ROWS_CONFIG.items():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
-                    ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=K, BR=br,
-                                         STEPS=steps, SPLITS=splits, TP=T, num_warps=w,
-                                         PDL=True, grid=(1,)))
-            ok(Q._q8_multi.warmup(f32, u8, f16, f32, 8, 4096, 4096, K=K, BR=Q.MMA_BR,
-                                  num_warps=Q.MMA_WARPS, PDL=True, grid=(1,)))
-        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, hc_triton as H, index_triton as X, \
-            route_triton as R, topk_triton as TK
+                    ok(W.q8_rows(K, br, w, steps, splits, T))
+            ok(W.q8_multi(K))
         for N in (1028, 16384):
-            NP = 1 << (N - 1).bit_length()
-            ok(TK._top_rows.warmup(f32, i64, N, K=512, NP=NP, num_warps=8, PDL=True, grid=(1,)))
-        ok(R._route_rows.warmup(f32, f32, i64, f32, 1.5, 6e-5, E=256, EP=256, K=6, KP=8, num_warps=1,
-                                PDL=True, grid=(1,)))
-        for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer layer's F16 group
+            ok(W.top_rows(N))
+        ok(W.route_rows())
+        for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer F16 group
             for T in range(1, F16.MAX_T + 1):
-                br, bk = F16.launch_shape(N, K, T)
-                ok(F16._f16_rows.warmup(f32, f16, f32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, PDL=True, grid=(1,)))
-        ok(X._index_score.warmup(f32, f32, f32, f32, 513, 64, NHP=64, DI=128, KB=X.KB, num_warps=4,
-                                 PDL=True, grid=(1,)))
+                ok(W.f16_rows(N, K, T, *F16.launch_shape(N, K, T)))
+        ok(W.index_score())
         for K in (194, 1154):
             ks, ch, w = A.SMALL_CONFIG if K <= A.SMALL_KEYS else A.CONFIG
-            ns = -(-K // (ks * ch))
-            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=K, H=64, D=512, DP=512, KS=ks, CH=ch,
-                                     NS=ns, num_warps=w, PDL=True, grid=(1,)))
-            ok(A._attend_join.warmup(f32, f32, f32, f32, f32, H=64, D=512, NS=ns, NSP=1 << (ns - 1).bit_length(),
-                                     DB=A.DB, num_warps=4, PDL=True, grid=(1,)))
-        ok(H._hc_dots.warmup(f32, f32, f32, S=4, D=4096, MP=32, SPLITS=H.SPLITS, KC=4 * 4096 // H.SPLITS, KB=H.KB,
-                             num_warps=4, PDL=True, grid=(1,)))
-        ok(H._hc_combine.warmup(f32, f32, f32, f32, f32, f32, f32, f32, f32, 1e-6, 1e-6, ITERS=20, S=4, D=4096, MP=32,
-                                SPLITS=H.SPLITS, DY=H.DY, num_warps=1, PDL=True, grid=(1,)))
+            ok(W.attend_part(K, ks, ch, w))
+            ok(W.attend_join(K, ks, ch))
+        ok(W.hc_dots(4, 4096))
+        ok(W.hc_combine(4, 4096))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
-            for t, bs in ((16, 1056), (10, 1344), (12, 2304)):
-                ok(M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, 2048,
-                   2048 * bs, 2048 * bs, 10.0, M.ONE_BITS, NSB=16, GT=t, UT=t, BR=br, GPF=pf, UPF=pf, COMPACT=False,
-                   num_warps=w, PDL=True, grid=(1,)))
+            for t in (16, 10, 12):
+                ok(W.moe_gateup_single(t, t, 4096, 2048, br, w, pf))
                 if t != 16:                           # the down kernels (Q2_K, Q4_K)
-                    ok(M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 4096 * bs // 2,
-                       M.ONE_BITS, NSB=8, DT=t, BR=br, DPF=pf, COMPACT=False, num_warps=w, PDL=True, grid=(1,)))
+                    ok(W.moe_down_single(t, 4096, 2048, br, w, pf))
         for T, configs in Q8_SWEEP.items():
             for br, w, *_ in configs:
-                ok(Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
-                                     SPLITS=8, TP=T, num_warps=w, PDL=True, grid=(1,)))
+                ok(W.q8_rows(4096, br, w, 2, 8, T))
         for ks, ch, w in ATTEND_SWEEP:
-            ok(A._attend_part.warmup(f32, f32, u8, f32, f32, f32, 0.04, K=1153, H=64, D=512, DP=512, KS=ks, CH=ch,
-                                     NS=-(-1153 // (ks * ch)), num_warps=w, PDL=True, grid=(1,)))
-        from ds4trt.plugins.kernels import f16_triton as F16
+            ok(W.attend_part(1153, ks, ch, w))
         for br, bk in F16_SWEEP:
             for T in (1, 4):
-                ok(F16._f16_rows.warmup(f32, f16, f32, 2624, 4096, K=4096, BR=br, BK=bk, TP=T, num_warps=4,
-                                        PDL=True, grid=(1,)))
-        (gbs, gns, gl), (dbs, dns, dl) = M.LAYOUT[16], M.LAYOUT[10]
+                ok(W.f16_rows(2624, 4096, T, br, bk))
+        LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
         for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
-            ok(M._moe_gateup_multi.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, 6, 2048,
-               2048 * 1056, 2048 * 1056, 10.0, NSB=16, GT=16, GBS=gbs, GNS=gns, GL=gl, UT=16, UBS=gbs, UNS=gns,
-               UL=gl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st, PDL=True, grid=(1,)))
-            ok(M._moe_down_multi.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 4096 * 672, NSB=8, DT=10,
-               DBS=dbs, DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=w, num_stages=st,
-               PDL=True, grid=(1,)))
+            ok(W.moe_gateup_multi(16, 16, 4096, 2048, cap, br, w, compact, st))
+            ok(W.moe_down_multi(10, 4096, 2048, cap, br, w, compact, st))
         # the decode kernels (one-pair MoE, Q8_0 for T <= 4) at their default launch shapes must not spill registers
         # to local memory (the multi-pair MoE kernels do: see the closing notes; not asserted here)
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10), (16, 16)):
             (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-            k = M._moe_gateup_single.warmup(f32, i64, f32, i32, i32, i32, u8, u8, f32, i16, u8, i32, i32, 6, 2048, 1, 1,
-                10.0, M.ONE_BITS, NSB=16, GT=gt, UT=gt, BR=gbr, GPF=gpf, UPF=gpf, COMPACT=False, num_warps=gw,
-                PDL=True, grid=(1,), **({"maxnreg": greg} if greg else {}))
-            assert spills(k) == 0, ("_moe_gateup_single spills", gt)
-            k = M._moe_down_single.warmup(f32, i64, i32, i32, i32, u8, f32, i16, u8, 4096, 1, M.ONE_BITS, NSB=8,
-                DT=dt, BR=dbr, DPF=dpf, COMPACT=False, num_warps=dw,
-                PDL=True, grid=(1,), **({"maxnreg": dreg} if dreg else {}))
-            assert spills(k) == 0, ("_moe_down_single spills", dt)
+            assert spills(W.moe_gateup_single(gt, gt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
+                ("_moe_gateup_single spills", gt)
+            assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
+                ("_moe_down_single spills", dt)
         for T, (br, w, _) in Q.ROWS_CONFIG.items():
             for splits in (1, 8):
-                k = Q._q8_rows.warmup(f32, u8, f16, f32, f32, i32, 4096, 4096, Q.ONE_BITS, K=4096, BR=br, STEPS=2,
-                                      SPLITS=splits, TP=T, num_warps=w, PDL=True, grid=(1,))
-                assert spills(k) == 0, ("_q8_rows spills", T, splits)
+                assert spills(W.q8_rows(4096, br, w, 2, splits, T)) == 0, ("_q8_rows spills", T, splits)
         print("compiled", n)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -1,0 +1,123 @@
+"""Compile-only calls of the package's Triton kernels: Triton's `.warmup` with stand-in tensors (nothing runs), for
+the checks that compile the kernels for a GPU this machine may lack (scripts/sass_report.py, tests/test_kernels.py's
+offline sm_90 check). One function per kernel taking what shapes its code (widths, block types, launch shape), so
+that a kernel's argument list is spelled out here once. Each returns the compiled kernel (.asm, .metadata).
+
+    sm90.activate()                                  # first, where there is no GPU
+    from ds4trt.testing import warmups
+    k = warmups.q8_rows(K=4096, br=16, warps=4, steps=2, splits=8, T=1)
+
+Integer arguments get realistic values: Triton specializes a kernel on whether an integer is 1 or a multiple of 16.
+Every kernel is compiled with PDL=True, as it is launched on sm_90 (plugins/kernels/pdl.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
+    route_triton, topk_triton
+
+U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
+I64, I32, I16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
+M = moe_triton
+LAUNCH = dict(PDL=True, grid=(1,))
+
+
+def _expert_bytes(t: int, rows: int, cols: int) -> int:
+    return rows * cols // 256 * M.LAYOUT[t][0]
+
+
+def _reg(maxnreg: int | None) -> dict:
+    return {"maxnreg": maxnreg} if maxnreg else {}
+
+
+def moe_prepare(P: int, D: int):
+    return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()), D=D,
+                                 num_warps=4, **LAUNCH)
+
+
+def moe_gateup_single(gate: int, up: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
+                      maxnreg: int | None = None):
+    return M._moe_gateup_single.warmup(
+        F32, I64, F32, I32, I32, I32, U8, U8, F32, I16, U8, I32, I32, 6, F, _expert_bytes(gate, F, D),
+        _expert_bytes(up, F, D), 10.0, M.ONE_BITS, NSB=D // 256, GT=gate, UT=up, BR=br, GPF=prefetch, UPF=prefetch,
+        COMPACT=compact, num_warps=warps, **LAUNCH, **_reg(maxnreg))
+
+
+def moe_down_single(down: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
+                    maxnreg: int | None = None):
+    return M._moe_down_single.warmup(
+        F32, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), M.ONE_BITS, NSB=F // 256, DT=down,
+        BR=br, DPF=prefetch, COMPACT=compact, num_warps=warps, **LAUNCH, **_reg(maxnreg))
+
+
+def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
+    (gbs, gns, gl), (ubs, uns, ul) = M.LAYOUT[gate], M.LAYOUT[up]
+    return M._moe_gateup_multi.warmup(
+        F32, I64, F32, I32, I32, I32, U8, U8, F32, I16, U8, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
+        10.0, NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=up, UBS=ubs, UNS=uns, UL=ul, BR=br, CAP=cap,
+        COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+
+
+def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
+    dbs, dns, dl = M.LAYOUT[down]
+    return M._moe_down_multi.warmup(
+        F32, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), NSB=F // 256, DT=down, DBS=dbs,
+        DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+
+
+def dequant_rows(t: int):
+    bs, ns, l = M.LAYOUT[t]
+    return M._dequant_rows.warmup(U8, F32, 96, 4096, I16, U8, TYPE=t, BS=bs, NS=ns, L=l, BR=16, **LAUNCH)
+
+
+def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int = 4096):
+    return q8_triton._q8_rows.warmup(F32, U8, F16, F32, F32, I32, N, N, q8_triton.ONE_BITS, K=K, BR=br, STEPS=steps,
+                                     SPLITS=splits, TP=T, num_warps=warps, **LAUNCH)
+
+
+def q8_multi(K: int):
+    return q8_triton._q8_multi.warmup(F32, U8, F16, F32, 8, 4096, 4096, K=K, BR=q8_triton.MMA_BR,
+                                      num_warps=q8_triton.MMA_WARPS, **LAUNCH)
+
+
+def top_rows(N: int, k: int = 512):
+    return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=8, **LAUNCH)
+
+
+def route_rows(E: int = 256, k: int = 6):
+    return route_triton._route_rows.warmup(F32, F32, I64, F32, 1.5, 6e-5, E=E, EP=1 << (E - 1).bit_length(), K=k,
+                                           KP=1 << (k - 1).bit_length(), num_warps=1, **LAUNCH)
+
+
+def f16_rows(N: int, K: int, T: int, br: int, bk: int):
+    return f16_triton._f16_rows.warmup(F32, F16, F32, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4, **LAUNCH)
+
+
+def index_score(keys: int = 513, heads: int = 64, di: int = 128):
+    return index_triton._index_score.warmup(F32, F32, F32, F32, keys, heads, NHP=max(16, heads), DI=di,
+                                            KB=index_triton.KB, num_warps=4, **LAUNCH)
+
+
+def attend_part(K: int, ks: int, ch: int, warps: int, H: int = 64, D: int = 512):
+    return attn_triton._attend_part.warmup(F32, F32, U8, F32, F32, F32, 0.04, K=K, H=H, D=D, DP=D, KS=ks, CH=ch,
+                                           NS=-(-K // (ks * ch)), num_warps=warps, **LAUNCH)
+
+
+def attend_join(K: int, ks: int, ch: int, H: int = 64, D: int = 512):
+    ns = -(-K // (ks * ch))
+    return attn_triton._attend_join.warmup(F32, F32, F32, F32, F32, H=H, D=D, NS=ns, NSP=1 << (ns - 1).bit_length(),
+                                           DB=attn_triton.DB, num_warps=4, **LAUNCH)
+
+
+def hc_dots(S: int, D: int):
+    H = hc_triton
+    return H._hc_dots.warmup(F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,
+                             num_warps=4, **LAUNCH)
+
+
+def hc_combine(S: int, D: int):
+    H = hc_triton
+    return H._hc_combine.warmup(F32, F32, F32, F32, F32, F32, F32, F32, F32, 1e-6, 1e-6, ITERS=20, S=S, D=D, MP=32,
+                                SPLITS=H.SPLITS, DY=H.DY, num_warps=1, **LAUNCH)
