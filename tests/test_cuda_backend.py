@@ -70,6 +70,35 @@ def test_resident_bytes_is_what_the_model_holds():
 
 
 @needs_triton
+def test_programmatic_dependent_launch_only_where_supported(monkeypatch):
+    """plugins/kernels/pdl.py asks for PDL only on CUDA devices of compute capability 9.0 or more (an H200's 9.0, a
+    DGX Spark's 12.1; not a Jetson Orin's 8.7, whose ptxas has no griddepcontrol), never for CPU tensors or under
+    Triton's interpreter, and not with DS4_PDL=0."""
+    from ds4trt.plugins.kernels import pdl
+
+    caps = {0: (9, 0), 1: (8, 7), 2: (12, 1)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: caps[index])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("DS4_PDL", raising=False)
+
+    def on(device: str) -> bool:
+        pdl._supported.cache_clear()
+        launch = pdl.pdl_launch(torch.device(device))
+        assert launch["PDL"] == launch["launch_pdl"]
+        return launch["PDL"]
+
+    try:
+        assert [on("cuda:0"), on("cuda:1"), on("cuda:2"), on("cpu")] == [True, False, True, False]
+        monkeypatch.setenv("DS4_PDL", "0")
+        assert not on("cuda:0")
+        monkeypatch.delenv("DS4_PDL")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert not on("cuda:0")
+    finally:
+        pdl._supported.cache_clear()          # the real answers again for the tests after this one
+
+
+@needs_triton
 def test_weights_larger_than_the_free_device_memory_are_refused(monkeypatch):
     from ds4trt.errors import Ds4Error
 
