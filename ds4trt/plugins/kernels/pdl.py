@@ -9,7 +9,8 @@ runs after the previous kernel, exactly as without PDL, and lets the next kernel
 
     kernel[grid](..., **pdl_launch(x.device))    # PDL=True and launch_pdl=True where the device supports it
 
-DS4_PDL=0 in the environment turns it off (A/B measurements); Triton's interpreter never uses it.
+DS4_PDL=0 in the environment turns it off (A/B measurements, debugging; the CUDA backend then also compiles
+Inductor's kernels without it); Triton's interpreter never uses it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,13 @@ def pdl_launch(device: torch.device) -> dict:
     return {"PDL": on, "launch_pdl": on}
 
 
+def pdl_wanted() -> bool:
+    """False when DS4_PDL=0 is set."""
+    return os.environ.get("DS4_PDL", "1") != "0"
+
+
 @functools.cache
 def _supported(kind: str, index: int | None) -> bool:
-    if kind != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("DS4_PDL", "1") == "0":
+    if kind != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or not pdl_wanted():
         return False
     return torch.cuda.get_device_capability(index)[0] >= 9

@@ -43,6 +43,7 @@ from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton, \
     topk_triton
+from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
@@ -405,12 +406,13 @@ INDUCTOR_OPTIONS = {"combo_kernels": True, "triton.enable_pdl": True}
 
 def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
     """torch.compile every transformer block of these models in place (see the module docstring), with
-    INDUCTOR_OPTIONS updated by `options` (torch._inductor.config names)."""
+    INDUCTOR_OPTIONS updated by `options` (torch._inductor.config names); DS4_PDL=0 drops Inductor's PDL too."""
     torch._dynamo.config.recompile_limit = 512          # block kinds x step lengths, all legitimate
     torch._dynamo.config.accumulated_recompile_limit = 4096
+    options = INDUCTOR_OPTIONS | ({} if pdl_wanted() else {"triton.enable_pdl": False}) | (options or {})
     for m in models:
         for b in (m.blocks if hasattr(m, "blocks") else [m.block]):
-            b.compile(fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS | (options or {}))
+            b.compile(fullgraph=True, dynamic=False, options=options)
 
 
 def resident_bytes(weights) -> int:
