@@ -71,9 +71,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from gguf import quants as gguf_quants
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
-from gguf import quants as gguf_quants
 
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 # ggml type -> (bytes per 256-value block, NS runs, L values per run); value k of a block is run k // L.
@@ -484,6 +484,16 @@ def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr, PS: tl.constexpr):
 
 
 @triton.jit
+def _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
+    """_iq2_dp for block sb of the rows: its 32 runs' h words, l words and u in the planes of the token's row
+    xq_ptr (see _quant_runs)."""
+    D: tl.constexpr = NSB * 256
+    r = sb * 32 + 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]     # [8, 4, 1]: run index
+    return _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r,
+                   xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4 + r, dp_ptr, D // 8)
+
+
+@triton.jit
 def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr,
                  PREFETCH: tl.constexpr):
     """[BR] float32: rows row0..row0+BR of the IQ2_XXS expert at byte offset expert_off dotted with one token's
@@ -492,24 +502,19 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
     ~9 integer operations per value (the float path, _fma_rows, is ALU-bound on the H200). Used when only one of
     gate and up is IQ2_XXS (both: _iq2_dp_pair).
     Tile [group g, run l, row] (rows last, see _iq2_dot); PREFETCH: load the next block's fields first."""
-    D: tl.constexpr = NSB * 256
     p16 = (ptr + expert_off).to(tl.pointer_type(tl.uint16))         # expert_off is even (66-byte blocks)
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)                     # int32: < 2^31 within one expert
-    run = 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]          # [8, 4, 1]
-    xu_ptr = xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4
     acc = tl.zeros([8, 4, BR], tl.float32)
     if PREFETCH:
         a, lo, hi, d = _iq2_fields(p16, rh, 0)
         for sb in range(0, NSB):
             na, nlo, nhi, nd = _iq2_fields(p16, rh, tl.minimum(sb + 1, NSB - 1))
-            r = sb * 32 + run
-            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
+            acc = _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
             a, lo, hi, d = na, nlo, nhi, nd
     else:
         for sb in range(0, NSB):
             a, lo, hi, d = _iq2_fields(p16, rh, sb)
-            r = sb * 32 + run
-            acc = _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
+            acc = _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
     return tl.sum(tl.sum(acc, axis=1), axis=0)
 
 
@@ -518,20 +523,16 @@ def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: 
     """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop, both blocks of a step
     loaded before either is used: two independent loads in flight per step instead of one loop after the other
     (the one-pair kernel's time at T = 1 is mostly the latency of its serial block loads)."""
-    D: tl.constexpr = NSB * 256
     g16 = (gate_ptr + gate_off).to(tl.pointer_type(tl.uint16))
     u16 = (up_ptr + up_off).to(tl.pointer_type(tl.uint16))
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
-    run = 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]          # [8, 4, 1]
-    xu_ptr = xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4
     acc_g = tl.zeros([8, 4, BR], tl.float32)
     acc_u = tl.zeros([8, 4, BR], tl.float32)
     for sb in range(0, NSB):
         ga, glo, ghi, gd = _iq2_fields(g16, rh, sb)
         ua, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
-        r = sb * 32 + run
-        acc_g = _iq2_dp(acc_g, ga, glo, ghi, gd, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
-        acc_u = _iq2_dp(acc_u, ua, ulo, uhi, ud, xq_ptr + r, xq_ptr + D // 4 + r, xu_ptr + r, dp_ptr, D // 8)
+        acc_g = _iq2_dp_block(acc_g, ga, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
+        acc_u = _iq2_dp_block(acc_u, ua, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
     return tl.sum(tl.sum(acc_g, axis=1), axis=0), tl.sum(tl.sum(acc_u, axis=1), axis=0)
 
 
