@@ -112,10 +112,11 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(T, H, NS, D, dtype=torch.float32, device=q.device)
     DP = triton.next_power_of_2(D)
+    pdl = pdl_launch(q.device)
     _attend_part[(T, H, NS)](q, k, m, part_m, part_l, part_acc, D ** -0.5, K=K, H=H, D=D, DP=DP, KS=ks, CH=ch,
-                             NS=NS, num_warps=warps, **pdl_launch(q.device))
+                             NS=NS, num_warps=warps, **pdl)
     o = torch.empty_like(q)
     db = min(DB, DP)
     _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
-                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4, **pdl_launch(q.device))
+                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4, **pdl)
     return o

@@ -153,9 +153,9 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
     pre = torch.empty(T * (1 + ny), S, dtype=torch.float32, device=X.device)
     post = torch.empty_like(pre)
     comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
+    pdl = pdl_launch(X.device)
     _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
-                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4,
-                          **pdl_launch(X.device))
+                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
     _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
-                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1, **pdl_launch(X.device))
+                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1, **pdl)
     return y, post[:T], comb[:T]

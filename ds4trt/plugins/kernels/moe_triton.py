@@ -863,6 +863,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         raise ValueError(f"moe_forward: need T >= 1 and D % 256 == 0, got T = {T}, D = {D}")
     F = gate_blocks.shape[1]
     device = v.device
+    pdl = pdl_launch(device)
     ge = _check_blocks("gate_blocks", gate_blocks, gate_type, F, D, device)
     ue = _check_blocks("up_blocks", up_blocks, up_type, F, D, device)
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
@@ -898,12 +899,11 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:
             _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4,
-                                                **pdl_launch(device))
+                                                **pdl)
     else:
         pairs_only = T <= SINGLE_MAX_T
         _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
-                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4,
-                                            **pdl_launch(device))
+                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4, **pdl)
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
     gu_rest = (k, F, ge, ue, float(clamp))
@@ -913,7 +913,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
                                                  ws.xq, dp_tab, *gu_rest, ONE_BITS, NSB=D // QK,
                                                  GT=gate_type, UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
-                                                 num_warps=gwarps, **pdl_launch(device),
+                                                 num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
@@ -921,17 +921,16 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
                                                *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
-                                               COMPACT=long, num_warps=mwarps, **pdl_launch(device),
+                                               COMPACT=long, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
         _moe_down_single[(n_single, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, NSB=F // QK, DT=down_type,
-                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps, **pdl_launch(device),
+                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps, **pdl,
                                                **({"maxnreg": dreg} if dreg else {}))
     if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*dn_args, m_starts, *dn_rest, NSB=F // QK, DT=down_type, DBS=dbs,
-                                             DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps,
-                                             **pdl_launch(device),
+                                             DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps, **pdl,
                                              **({"num_stages": mstages} if long else {}))
     if per_slot:
         return ws.y.view(T, k, D)
