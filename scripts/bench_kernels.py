@@ -43,6 +43,7 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ds4trt.model.attention import top_rows  # noqa: E402
 from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
@@ -314,8 +315,7 @@ def bench_topk(bw: float, results: list) -> None:
             score[torch.rand(T, N, device=DEV, generator=gen) < 0.3] = float("-inf")
             nbytes = T * N * 4 + T * k * 8
             for label, fn in ((f"top_rows {N} rows", lambda score=score: TK.top_rows_triton(score, k)),
-                              (f"torch.sort {N} rows", lambda score=score: torch.sort(
-                                  score, dim=-1, descending=True, stable=True).indices[:, :k])):
+                              (f"torch.sort {N} rows", lambda score=score: top_rows(score, k))):
                 guarded(f"{label} T={T}", results, lambda fn=fn, T=T, nb=nbytes, label=label, N=N:
                         results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="topk", rows=N)))
 
