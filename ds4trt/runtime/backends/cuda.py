@@ -7,6 +7,8 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
+Prefill chunks (more rows than the kernels take) dequantize one Q8_0 / F16 weight at a time for a bf16 tensor-core
+product of its parts (project_bf16_parts, ~4e-6 relative).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton).
@@ -49,9 +51,9 @@ from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
-KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one SGEMM (at T =
-                             # 2048 it beat a tf32x3 Triton kernel on the H200, ~45 against ~29 TFLOP/s, in a
-                             # one-off comparison not kept as a benchmark)
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one bf16 tensor-core
+                             # GEMM of its parts (project_bf16_parts; a float32 SGEMM before: prefill of 2048
+                             # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 # Prefill chunk of this backend's sessions: a long MoE call costs about the same up to 2048 tokens (every expert
 # is read once), attention grows with the chunk; on the H200 at Flash width (43 layers, 2048-token prompt)
@@ -231,7 +233,10 @@ def project_bf16_parts(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -
     wh, wl = _bf16_parts(weight.reshape(G, N // G, K))
     a = torch.cat((xh, xh, xl, xl), dim=2).transpose(0, 1)               # [G, T, 4K]
     b = torch.cat((wh, wl, wh, wl), dim=2).transpose(1, 2)               # [G, 4K, N/G]
-    y = torch.bmm(a, b, out_dtype=torch.float32)                         # [G, T, N/G]
+    if a.is_cuda:
+        y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
+    else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
+        y = torch.bmm(a.float(), b.float())
     return y.transpose(0, 1).reshape(*x.shape[:-1], N)
 
 
@@ -247,8 +252,8 @@ def _(x, w):
 
 class F16Linear(nn.Module):
     """x @ W.T for an F16 GGUF matrix kept as float16 (the routers, compressors and indexer projections: half the
-    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else the weight made float32 for
-    the one product (prefill chunks)."""
+    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else project_bf16_parts on the
+    weight made float32 for the one product (prefill chunks)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
