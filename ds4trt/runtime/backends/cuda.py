@@ -7,6 +7,8 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
+Prefill chunks (more rows than the kernels take) dequantize one Q8_0 / F16 weight at a time for a bf16 tensor-core
+product of its parts (project_bf16_parts, ~4e-6 relative).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton).
@@ -36,7 +38,7 @@ from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, attend, index_score, top_rows
 from ds4trt.model.hc import hc_pre
-from ds4trt.model.linear import Linear, project, project_group
+from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
@@ -49,9 +51,9 @@ from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
-KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one SGEMM (at T =
-                             # 2048 it beat a tf32x3 Triton kernel on the H200, ~45 against ~29 TFLOP/s, in a
-                             # one-off comparison not kept as a benchmark)
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one bf16 tensor-core
+                             # GEMM of its parts (project_bf16_parts; a float32 SGEMM before: prefill of 2048
+                             # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 # Prefill chunk of this backend's sessions: a long MoE call costs about the same up to 2048 tokens (every expert
 # is read once), attention grows with the chunk; on the H200 at Flash width (43 layers, 2048-token prompt)
@@ -209,8 +211,33 @@ class Q8Linear(nn.Module):
         """x: [..., G*K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: dequantize this weight for the one product
-            return project(x, q8_triton.dequantize(self.quants, self.scales, self.K), self.groups)
+            return project_bf16_parts(x, q8_triton.dequantize(self.quants, self.scales, self.K), self.groups)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
+
+
+def _bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 a -> (hi, lo) bfloat16 with a = hi + lo to within 2^-17 |a| (hi: a's top 8 significant bits)."""
+    hi = a.to(torch.bfloat16)
+    return hi, (a - hi.float()).to(torch.bfloat16)
+
+
+def project_bf16_parts(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """model/linear.py project (x [..., G*K] float32, weight [N, K] float32 -> [..., N]) on the bf16 tensor cores, for
+    long prefill chunks: x and the weight each split into two bf16 parts (_bf16_parts) and the four products of the
+    parts summed by one GEMM over 4K with float32 accumulation and output: each term exact but for the split
+    residuals (2^-17 of |x| |w|; ~3e-6 relative on random rows, against float64). An F16 weight is split exactly;
+    a Q8_0 one (<= 18 significant bits) loses its bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of
+    the bf16 rate."""
+    G, (N, K) = groups, weight.shape
+    xh, xl = _bf16_parts(x.reshape(-1, G, K))
+    wh, wl = _bf16_parts(weight.reshape(G, N // G, K))
+    a = torch.cat((xh, xh, xl, xl), dim=2).transpose(0, 1)               # [G, T, 4K]
+    b = torch.cat((wh, wl, wh, wl), dim=2).transpose(1, 2)               # [G, 4K, N/G]
+    if a.is_cuda:
+        y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
+    else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
+        y = torch.bmm(a.float(), b.float())
+    return y.transpose(0, 1).reshape(*x.shape[:-1], N)
 
 
 @torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
@@ -225,8 +252,8 @@ def _(x, w):
 
 class F16Linear(nn.Module):
     """x @ W.T for an F16 GGUF matrix kept as float16 (the routers, compressors and indexer projections: half the
-    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else the weight made float32 for
-    the one product (prefill chunks)."""
+    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else project_bf16_parts on the
+    weight made float32 for the one product (prefill chunks)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -237,7 +264,7 @@ class F16Linear(nn.Module):
         """x: [..., K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > f16_triton.MAX_T:
-            return x @ self.weight.float().T
+            return project_bf16_parts(x, self.weight.float())
         return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.N)
 
 
