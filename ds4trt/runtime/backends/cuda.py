@@ -225,7 +225,7 @@ def project_bf16_parts(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -
     """model/linear.py project (x [..., G*K] float32, weight [N, K] float32 -> [..., N]) on the bf16 tensor cores, for
     long prefill chunks: x and the weight each split into two bf16 parts (_bf16_parts) and the four products of the
     parts summed by one GEMM over 4K with float32 accumulation and output: each term exact but for the split
-    residuals (2^-17 of |x| |w|; ~3e-6 relative on random rows, against float64). An F16 weight is split exactly;
+    residuals (2^-17 of |x| |w|; ~4e-6 relative on random rows, against float64). An F16 weight is split exactly;
     a Q8_0 one (<= 18 significant bits) loses its bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of
     the bf16 rate."""
     G, (N, K) = groups, weight.shape
