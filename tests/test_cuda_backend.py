@@ -55,6 +55,33 @@ def test_split_q8_dequantizes_exactly():
 
 
 @needs_triton
+def test_split_runs_splits_each_chunk_exactly_enough():
+    """moe_triton.split_runs (the multi-pair MoE kernels' activations): per 256-value chunk a power-of-two scale
+    with |x * scale| < 1, x * scale = hi + lo to 2^-22 of the chunk's largest |x|, the 16-value run sums likewise,
+    inv * scale = 1; chunks of zeros and of tiny or huge values included (fresh random rows)."""
+    from ds4trt.plugins.kernels import moe_triton
+
+    g = torch.Generator().manual_seed(11)
+    R, K = 5, 1024
+    x = torch.randn(R, K, generator=g) * torch.logspace(-30, 30, R)[:, None]
+    x[2, 256:512] = 0
+    hi, lo, shi, slo, inv = moe_triton.split_runs(x)
+    assert (hi.dtype, lo.dtype, shi.dtype, slo.dtype, inv.dtype) == (torch.float16,) * 4 + (torch.float32,)
+    assert hi.shape == lo.shape == (R, K) and shi.shape == slo.shape == (R, K // 16) and inv.shape == (R, K // 256)
+    xc = x.double().reshape(R, K // 256, 256)
+    amax = xc.abs().amax(dim=2, keepdim=True)
+    scale = 1 / inv.double()[..., None]
+    assert (torch.frexp(inv)[0] == 0.5).all(), "inv (and scale) must be powers of two"
+    assert ((xc * scale).abs() < 1).all()
+    back = (hi.double() + lo.double()).reshape(R, K // 256, 256)
+    assert ((back - xc * scale).abs() <= amax * scale * 2.0 ** -22).all()
+    runs = xc.reshape(R, K // 256, 16, 16).sum(dim=3) * scale
+    back16 = (shi.double() + slo.double()).reshape(R, K // 256, 16)
+    assert ((back16 - runs).abs() <= amax * scale * 2.0 ** -18).all()
+    assert (hi[2, 256:512] == 0).all() and (lo[2, 256:512] == 0).all()
+
+
+@needs_triton
 def test_resident_bytes_is_what_the_model_holds():
     """The memory estimate open_engine checks against the device equals the model's parameters and buffers
     (on the CPU: the same modules), up to the small derived buffers (Hadamard matrices)."""

@@ -20,6 +20,7 @@ from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_tri
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
 I64, I32, I16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
+SPLIT = (F16, F16, F16, F16, F32)           # moe_triton.split_runs: hi, lo, shi, slo, inv
 M = moe_triton
 LAUNCH = dict(PDL=True, grid=(1,))
 
@@ -55,7 +56,7 @@ def moe_down_single(down: int, D: int, F: int, br: int, warps: int, prefetch: bo
 def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
     (gbs, gns, gl), (ubs, uns, ul) = M.LAYOUT[gate], M.LAYOUT[up]
     return M._moe_gateup_multi.warmup(
-        F32, I64, F32, I32, I32, I32, U8, U8, F32, I16, U8, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
+        *SPLIT, I64, F32, I32, I32, I32, U8, U8, F32, I16, U8, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
         10.0, NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=up, UBS=ubs, UNS=uns, UL=ul, BR=br, CAP=cap,
         COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
 
@@ -63,7 +64,7 @@ def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warp
 def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
     dbs, dns, dl = M.LAYOUT[down]
     return M._moe_down_multi.warmup(
-        F32, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), NSB=F // 256, DT=down, DBS=dbs,
+        *SPLIT, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), NSB=F // 256, DT=down, DBS=dbs,
         DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
 
 

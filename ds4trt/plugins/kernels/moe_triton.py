@@ -7,7 +7,8 @@
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. For T <= 16 (decode, verify): four launches (six when T > SINGLE_MAX_T), no host synchronization, so
+registers. For T <= 16 (decode, verify): four launches (six and split_runs' when T > SINGLE_MAX_T), no host
+synchronization, so
 a CUDA graph can capture a call:
 
   1. _moe_prepare  program 0 groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
@@ -32,7 +33,8 @@ each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
 2048) times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
-power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|)). Each tensor-core product is then exact in the
+power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|); split_runs, by torch once per call for all programs:
+the gate/up kernel's v, the down kernel's h). Each tensor-core product is then exact in the
 fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
 
 Accumulation is float32 throughout. No atomics: every output element is written by one program.
@@ -544,20 +546,6 @@ def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
 
 
 @triton.jit
-def _split_x(xt):
-    """xt [256, C] float32 -> (hi, lo fp16 [256, C], scale, inv float32 [C]) with
-    xt[:, j] * scale[j] = hi + lo up to 2^-22 of max |xt[:, j]|; scale * inv = 1, both powers of two."""
-    amax = tl.max(tl.abs(xt), axis=0)
-    e = tl.minimum((amax.to(tl.int32, bitcast=True) >> 23) & 255, 252)      # biased exponent of the max
-    scale = ((253 - e) << 23).to(tl.float32, bitcast=True)                 # 2^(126-e): |x * scale| < 1
-    inv = ((e + 1) << 23).to(tl.float32, bitcast=True)                     # 2^(e-126)
-    xs = xt * scale[None, :]
-    hi = xs.to(tl.float16)
-    lo = (xs - hi.to(tl.float32)).to(tl.float16)
-    return hi, lo, scale, inv
-
-
-@triton.jit
 def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, grid_ptr, ksigns_ptr,
                TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
     """acc [BR, C] += dequantized block rows [BR,256] @ x [256, C] on the tensor cores (see the module notes).
@@ -672,14 +660,18 @@ def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y
 
 
 @triton.jit
-def _load_split(x_ptr, xoff, pm, CAP: tl.constexpr):
-    """The 256 activations of a block for each of CAP pair slots, split for the tensor cores."""
-    kk = tl.arange(0, 256)
-    xt = tl.load(x_ptr + xoff[None, :] + kk[:, None], mask=pm[None, :], other=0.0)        # [256, CAP]
-    hi, lo, scale, inv = _split_x(xt)
-    xs16 = tl.sum(tl.reshape(xt, (16, 16, CAP)), axis=1) * scale[None, :]                 # run sums [16, CAP]
-    shi = xs16.to(tl.float16)
-    slo = (xs16 - shi.to(tl.float32)).to(tl.float16)
+def _load_split(hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, rows, pm, sb, K: tl.constexpr, CAP: tl.constexpr):
+    """Block sb's 256 activations of each of CAP pair slots as split_runs stored them: rows [CAP] int64 (the
+    slots' rows of the split arrays, K values each), pm [CAP] the live slots -> hi, lo [256, CAP] f16, shi, slo
+    [16, CAP] f16, inv [CAP] (dead slots: zeros, never stored)."""
+    kk = tl.arange(0, 256)[:, None]
+    off = rows[None, :] * K + sb * 256 + kk
+    hi = tl.load(hi_ptr + off, mask=pm[None, :], other=0.0)
+    lo = tl.load(lo_ptr + off, mask=pm[None, :], other=0.0)
+    soff = rows[None, :] * (K // 16) + sb * 16 + tl.arange(0, 16)[:, None]
+    shi = tl.load(shi_ptr + soff, mask=pm[None, :], other=0.0)
+    slo = tl.load(slo_ptr + soff, mask=pm[None, :], other=0.0)
+    inv = tl.load(inv_ptr + rows * (K // 256) + sb, mask=pm, other=0.0)
     return hi, lo, shi, slo, inv
 
 
@@ -703,18 +695,20 @@ def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP: tl.constexpr):
 
 
 @triton.jit
-def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
-                      ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, NSB: tl.constexpr,
+def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr,
+                      gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes,
+                      clamp, NSB: tl.constexpr,
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
                       BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
-    """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores)."""
+    """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores).
+    x*_ptr: the activations as split_runs stores them (a row per token)."""
     pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
-        D = NSB * 256
+        D: tl.constexpr = NSB * 256
         pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP)
-        xoff = (pairs // n_slots).to(tl.int64) * D
+        tokens = (pairs // n_slots).to(tl.int64)
         row0 = tl.program_id(1) * BR
         rows = row0 + tl.arange(0, BR)
         gbase, gc = _runs(row0, e * gate_expert_bytes, NSB * GBS, BR, GNS)
@@ -724,7 +718,7 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, g
         accg = tl.zeros([BR, CAP], tl.float32)
         accu = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(v_ptr + sb * 256, xoff, pm, CAP)
+            hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
                               grid_ptr, ksigns_ptr, GT, GNS, GL, BR)
             accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
@@ -735,24 +729,25 @@ def _moe_gateup_multi(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, g
 
 
 @triton.jit
-def _moe_down_multi(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
-                    D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
+def _moe_down_multi(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr,
+                    y_ptr, grid_ptr, ksigns_ptr, D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
                     DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr,
                     PDL: tl.constexpr):
-    """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores)."""
+    """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores). h*_ptr: h as split_runs
+    stores it (a row per pair)."""
     pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
-        F = NSB * 256
+        F: tl.constexpr = NSB * 256
         pm, pairs, e = _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP)
-        xoff = pairs.to(tl.int64) * F
+        prow = pairs.to(tl.int64)
         row0 = tl.program_id(1) * BR
         rows = row0 + tl.arange(0, BR)
         base, c = _runs(row0, e * down_expert_bytes, NSB * DBS, BR, DNS)
         rbase = e * down_expert_bytes + rows.to(tl.int64) * (NSB * DBS)
         acc = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(h_ptr + sb * 256, xoff, pm, CAP)
+            hi, lo, shi, slo, inv = _load_split(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, prow, pm, sb, F, CAP)
             acc = _mma_block(acc, down_ptr, base + sb * DBS, c, rbase + sb * DBS, hi, lo, shi, slo, inv,
                              grid_ptr, ksigns_ptr, DT, DNS, DL, BR)
         tl.store(y_ptr + pairs.to(tl.int64)[None, :] * D + rows[:, None], acc, mask=pm[None, :])
@@ -794,6 +789,25 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
     if not t.is_contiguous() or t.device != device:
         raise ValueError(f"moe_forward {name}: must be contiguous on {device}")
     return rows * want_row
+
+
+def split_runs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The multi-pair kernels' activations, split once per call: x float32 [R, K] (K % 256 == 0) -> hi, lo f16
+    [R, K], shi, slo f16 [R, K/16], inv float32 [R, K/256]. Per 256-value chunk with e the biased exponent of its
+    largest |x| (at most 252): scale = 2^(126-e) (|x * scale| < 1), x * scale = hi + lo to 2^-22 of the largest
+    |x|, the sums of x * scale over 16-value runs = shi + slo likewise, inv = 1 / scale (both powers of two)."""
+    R, K = x.shape
+    xc = x.reshape(R, K // QK, QK)
+    e = torch.clamp((xc.abs().amax(dim=2).view(torch.int32) >> 23) & 255, max=252)
+    scale = ((253 - e) << 23).view(torch.float32)[..., None]
+    inv = ((e + 1) << 23).view(torch.float32)
+    xs = xc * scale
+    hi = xs.to(torch.float16)
+    lo = (xs - hi.float()).to(torch.float16)
+    s16 = xc.reshape(R, K // QK, 16, 16).sum(dim=3) * scale
+    shi = s16.to(torch.float16)
+    slo = (s16 - shi.float()).to(torch.float16)
+    return hi.reshape(R, K), lo.reshape(R, K), shi.reshape(R, K // 16), slo.reshape(R, K // 16), inv
 
 
 def xq_words(D: int) -> int:
@@ -918,8 +932,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     if n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
-        _moe_gateup_multi[(n_multi, F // mbr)](*gu_args, m_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
-                                               *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
+        _moe_gateup_multi[(n_multi, F // mbr)](*split_runs(v), *gu_args[1:], m_starts, gate_blocks, up_blocks, ws.h,
+                                               grid_tab, ksigns_tab, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
                                                COMPACT=long, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
@@ -929,7 +943,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                **({"maxnreg": dreg} if dreg else {}))
     if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
-        _moe_down_multi[(n_multi, D // mbr)](*dn_args, m_starts, *dn_rest, NSB=F // QK, DT=down_type, DBS=dbs,
+        _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, *dn_rest, NSB=F // QK,
+                                             DT=down_type, DBS=dbs,
                                              DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps, **pdl,
                                              **({"num_stages": mstages} if long else {}))
     if per_slot:
