@@ -623,7 +623,7 @@ def test_every_variant_compiles_for_sm90():
             for T in (1, 4):
                 ok(W.f16_rows(2624, 4096, T, br, bk))
         LONG_SWEEP = tuple((cap, br, w, True, st) for cap, br, w, st in LONG_SWEEP)
-        for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3), (16, 128, 8, False, 3)) + LONG_SWEEP:
+        for cap, br, w, compact, st in ((16, 32, 4, False, 3), (16, 64, 4, False, 3)) + LONG_SWEEP:
             ok(W.moe_gateup_multi(16, 16, 4096, 2048, cap, br, w, compact, st))
             ok(W.moe_down_multi(10, 4096, 2048, cap, br, w, compact, st))
         # the decode kernels (one-pair MoE, Q8_0 for T <= 4) at their default launch shapes must not spill registers

@@ -32,7 +32,8 @@ agree with float64 to ~1e-6 relative), the other types by float32 FMA on the dec
 each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
-2048) times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
+2048; IQ2_XXS by byte permutes and HFMA2, _iq2_mma_runs: sm_90 gate/up loop 3574 -> 1279 instructions)
+times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
 power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|); split_runs, by torch once per call for all programs:
 the gate/up kernel's v, the down kernel's h). Each tensor-core product is then exact in the
 fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
@@ -387,6 +388,64 @@ def _prmt_q(sel):
         return out
 
 
+# Eight f16 results of one run (below): the selector's two words of signed bytes (_prmt_q's tables), each byte u
+# = b + 128 put under 0x64 as a half (1024 + u), and one HFMA2 per two values: (1024 + u) s - 1152 s = b s, exact
+# (one rounding of an integer |b s| <= 1333 < 2048). Outputs in the order _iq2_mma_runs joins them back.
+_IQ2_F16_ASM = tl.constexpr("""{
+.reg .b32 w0, w1, t, s2, c2, h;
+.reg .b16 sh;
+prmt.b32 w0, 0x002B1908, 0x00D5E7F8, $8;
+shr.b32 t, $8, 16;
+prmt.b32 w1, 0x002B1908, 0x00D5E7F8, t;
+xor.b32 w0, w0, 0x80808080;
+xor.b32 w1, w1, 0x80808080;
+cvt.rn.f16.u32 sh, $9;
+mov.b32 s2, {sh, sh};
+mov.b32 c2, 0xE480E480;
+mul.rn.f16x2 c2, s2, c2;
+prmt.b32 h, w0, 0x64646464, 0x5140;
+fma.rn.f16x2 h, h, s2, c2;
+mov.b32 {$0, $4}, h;
+prmt.b32 h, w0, 0x64646464, 0x5342;
+fma.rn.f16x2 h, h, s2, c2;
+mov.b32 {$2, $6}, h;
+prmt.b32 h, w1, 0x64646464, 0x5140;
+fma.rn.f16x2 h, h, s2, c2;
+mov.b32 {$1, $5}, h;
+prmt.b32 h, w1, 0x64646464, 0x5342;
+fma.rn.f16x2 h, h, s2, c2;
+mov.b32 {$3, $7}, h;
+}""")
+
+
+@triton.jit
+def _iq2_mma_runs(ptr, base, c, dp_ptr):
+    """IQ2_XXS runs for the tensor-core kernels: run j is run c[j] (= 4g + r of group g) of the block at byte
+    offset base[j] (int64) -> float16 [R, 8], value l = (2s+1) * its signed grid magnitude (exact integers). Per
+    run two table loads give _iq2_dp's prmt selector; on the GPU ~20 PTX instructions (_IQ2_F16_ASM) make the 8
+    halves, against ~11 per value for the float decode of _block_parts."""
+    g8 = 8 * (c >> 2)
+    run = c & 3
+    idx = tl.load(ptr + base + (2 + g8 + run)).to(tl.int32)           # A byte r: grid index
+    lo = _ld_u16(ptr, base + (6 + g8))
+    hi = _ld_u16(ptr, base + (8 + g8))
+    sidx = ((lo | (hi << 16)) >> (7 * run)) & 127
+    sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
+    s = 2 * (hi >> 12) + 1
+    if ASM:
+        # output m holds value bitrev3(m): three joins (each adds a last dim) and the reshape restore value order
+        v = tl.inline_asm_elementwise(_IQ2_F16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [sel, s],
+                                      dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+        t = tl.join(tl.join(tl.join(v[0], v[1]), tl.join(v[2], v[3])),
+                    tl.join(tl.join(v[4], v[5]), tl.join(v[6], v[7])))
+        return tl.reshape(t, (sel.shape[0], 8))
+    else:
+        nib = (sel[:, None] >> (4 * tl.arange(0, 8)[None, :])) & 7
+        code = nib & 3
+        mag = tl.where(code == 0, 8, tl.where(code == 1, 25, tl.where(code == 2, 43, 0)))
+        return (tl.where((nib & 4) != 0, -mag, mag) * s[:, None]).to(tl.float16)
+
+
 @triton.jit
 def _dp4a(a, b, c):
     """c + the sum of the products of the four signed bytes of a and of b."""
@@ -546,13 +605,17 @@ def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
 
 
 @triton.jit
-def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, grid_ptr, ksigns_ptr,
+def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, dp_ptr,
                TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
     """acc [BR, C] += dequantized block rows [BR,256] @ x [256, C] on the tensor cores (see the module notes).
     base, c: the run tile of the blocks (see _block_parts); rbase [BR]: byte offset of each row's block.
-    hi, lo: the split activations [256, C]; shi, slo: their sums over 16-value runs, split [16, C]."""
-    q, s, m, _, _ = _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE, L)
-    a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))          # exact integers, |a| < 2048
+    hi, lo: the split activations [256, C]; shi, slo: their sums over 16-value runs, split [16, C].
+    dp_ptr: _iq2_dp's selector table (IQ2_XXS)."""
+    if TYPE == 16:
+        a = tl.reshape(_iq2_mma_runs(ptr, base, c, dp_ptr), (BR, NS * L))   # exact integers, |a| < 2048
+    else:
+        q, s, m, _, _ = _block_parts(ptr, base, c, dp_ptr, dp_ptr, TYPE, L)
+        a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))      # exact integers, |a| < 2048
     r = tl.dot(a, hi) + tl.dot(a, lo)
     if TYPE == 10:
         d = _ld_f16(ptr, rbase + 80)
@@ -696,7 +759,7 @@ def _item_pairs(order_ptr, cnt_ptr, ids_ptr, item, CAP: tl.constexpr):
 
 @triton.jit
 def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr,
-                      gate_ptr, up_ptr, h_ptr, grid_ptr, ksigns_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes,
+                      gate_ptr, up_ptr, h_ptr, dp_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes,
                       clamp, NSB: tl.constexpr,
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
@@ -720,9 +783,9 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
         for sb in range(0, NSB):
             hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
-                              grid_ptr, ksigns_ptr, GT, GNS, GL, BR)
+                              dp_ptr, GT, GNS, GL, BR)
             accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
-                              grid_ptr, ksigns_ptr, UT, UNS, UL, BR)
+                              dp_ptr, UT, UNS, UL, BR)
         w = tl.load(wts_ptr + pairs, mask=pm, other=0.0)
         h = w[None, :] * _swiglu(accg, accu, clamp)
         tl.store(h_ptr + pairs.to(tl.int64)[None, :] * F + rows[:, None], h, mask=pm[None, :])
@@ -730,7 +793,7 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
 
 @triton.jit
 def _moe_down_multi(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr,
-                    y_ptr, grid_ptr, ksigns_ptr, D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
+                    y_ptr, dp_ptr, D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
                     DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr,
                     PDL: tl.constexpr):
     """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores). h*_ptr: h as split_runs
@@ -749,7 +812,7 @@ def _moe_down_multi(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, ids_ptr, order_p
         for sb in range(0, NSB):
             hi, lo, shi, slo, inv = _load_split(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, prow, pm, sb, F, CAP)
             acc = _mma_block(acc, down_ptr, base + sb * DBS, c, rbase + sb * DBS, hi, lo, shi, slo, inv,
-                             grid_ptr, ksigns_ptr, DT, DNS, DL, BR)
+                             dp_ptr, DT, DNS, DL, BR)
         tl.store(y_ptr + pairs.to(tl.int64)[None, :] * D + rows[:, None], acc, mask=pm[None, :])
 
 
@@ -933,7 +996,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(n_multi, F // mbr)](*split_runs(v), *gu_args[1:], m_starts, gate_blocks, up_blocks, ws.h,
-                                               grid_tab, ksigns_tab, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
+                                               dp_tab, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
                                                COMPACT=long, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
@@ -943,7 +1006,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                **({"maxnreg": dreg} if dreg else {}))
     if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
-        _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, *dn_rest, NSB=F // QK,
+        _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
+                                             D, de, NSB=F // QK,
                                              DT=down_type, DBS=dbs,
                                              DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps, **pdl,
                                              **({"num_stages": mstages} if long else {}))
