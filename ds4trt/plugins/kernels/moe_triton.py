@@ -388,9 +388,17 @@ def _prmt_q(sel):
         return out
 
 
+def _halves_ptx(word: str, outs: tuple[int, ...]) -> str:
+    """PTX: bytes 0, 1 and 2, 3 of `word` (each 1024 + u under 0x64) times s2 plus c2 (HFMA2), into the f16
+    outputs $outs[0], $outs[1] and $outs[2], $outs[3]."""
+    return "".join(f"prmt.b32 h, {word}, 0x64646464, {sel};\nfma.rn.f16x2 h, h, s2, c2;\n"
+                   f"mov.b32 {{${a}, ${b}}}, h;\n" for sel, a, b in (("0x5140", *outs[:2]), ("0x5342", *outs[2:])))
+
+
 # Eight f16 results of one run (below): the selector's two words of signed bytes (_prmt_q's tables), each byte u
 # = b + 128 put under 0x64 as a half (1024 + u), and one HFMA2 per two values: (1024 + u) s - 1152 s = b s, exact
-# (one rounding of an integer |b s| <= 1333 < 2048). Outputs in the order _iq2_mma_runs joins them back.
+# (one rounding of an integer |b s| <= 1333 < 2048). Output m holds value bitrev3(m), the order in which
+# _iq2_mma_runs joins them back.
 _IQ2_F16_ASM = tl.constexpr("""{
 .reg .b32 w0, w1, t, s2, c2, h;
 .reg .b16 sh;
@@ -403,19 +411,7 @@ cvt.rn.f16.u32 sh, $9;
 mov.b32 s2, {sh, sh};
 mov.b32 c2, 0xE480E480;
 mul.rn.f16x2 c2, s2, c2;
-prmt.b32 h, w0, 0x64646464, 0x5140;
-fma.rn.f16x2 h, h, s2, c2;
-mov.b32 {$0, $4}, h;
-prmt.b32 h, w0, 0x64646464, 0x5342;
-fma.rn.f16x2 h, h, s2, c2;
-mov.b32 {$2, $6}, h;
-prmt.b32 h, w1, 0x64646464, 0x5140;
-fma.rn.f16x2 h, h, s2, c2;
-mov.b32 {$1, $5}, h;
-prmt.b32 h, w1, 0x64646464, 0x5342;
-fma.rn.f16x2 h, h, s2, c2;
-mov.b32 {$3, $7}, h;
-}""")
+""" + _halves_ptx("w0", (0, 4, 2, 6)) + _halves_ptx("w1", (1, 5, 3, 7)) + "}")
 
 
 @triton.jit
