@@ -160,6 +160,18 @@ def _ld_u16(ptr, off):
 
 
 @triton.jit
+def _iq2_run_fields(ptr, base, c):
+    """IQ2_XXS run c = 4g + r (group g) of the block at byte offset base: (grid index, sign index, the half-word
+    of B holding s in its top 4 bits), int32 each."""
+    g8 = 8 * (c >> 2)
+    run = c & 3
+    idx = tl.load(ptr + base + (2 + g8 + run)).to(tl.int32)           # A byte r: grid index
+    lo = _ld_u16(ptr, base + (6 + g8))
+    hi = _ld_u16(ptr, base + (8 + g8))
+    return idx, ((lo | (hi << 16)) >> (7 * run)) & 127, hi
+
+
+@triton.jit
 def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.constexpr):
     """Decode runs of L values: run j is run c[j] of the block at byte offset base[j] (int64), so a tile
     [BR * NS, L] holds the blocks of BR rows, one run per tile row (every per-run quantity is then a
@@ -189,13 +201,8 @@ def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.c
         m = _u2f(tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)))
         d = _ld_f16(ptr, base)
         dmin = _ld_f16(ptr, base + 2)
-    else:  # IQ2_XXS: run c = 4g + r of group g
-        g8 = 8 * (c >> 2)
-        run = c & 3
-        idx = tl.load(ptr + base + (2 + g8 + run)).to(tl.int32)           # A byte r: grid index
-        lo = _ld_u16(ptr, base + (6 + g8))
-        hi = _ld_u16(ptr, base + (8 + g8))
-        sidx = ((lo | (hi << 16)) >> (7 * run)) & 127
+    else:  # IQ2_XXS
+        idx, sidx, hi = _iq2_run_fields(ptr, base, c)
         signs = tl.load(ksigns_ptr + sidx).to(tl.int32)                    # 8-bit sign masks
         codes = tl.load(grid_ptr + idx).to(tl.int32) & 0xFFFF             # 2-bit codes of 8 magnitudes
         cf = _u2f((codes[:, None] >> (2 * l)) & 3)
@@ -420,12 +427,7 @@ def _iq2_mma_runs(ptr, base, c, dp_ptr):
     offset base[j] (int64) -> float16 [R, 8], value l = (2s+1) * its signed grid magnitude (exact integers). Per
     run two table loads give _iq2_dp's prmt selector; on the GPU ~20 PTX instructions (_IQ2_F16_ASM) make the 8
     halves, against ~11 per value for the float decode of _block_parts."""
-    g8 = 8 * (c >> 2)
-    run = c & 3
-    idx = tl.load(ptr + base + (2 + g8 + run)).to(tl.int32)           # A byte r: grid index
-    lo = _ld_u16(ptr, base + (6 + g8))
-    hi = _ld_u16(ptr, base + (8 + g8))
-    sidx = ((lo | (hi << 16)) >> (7 * run)) & 127
+    idx, sidx, hi = _iq2_run_fields(ptr, base, c)
     sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
     s = 2 * (hi >> 12) + 1
     if ASM:
