@@ -163,7 +163,7 @@ def main() -> int:
                          "(the default fuses independent kernels horizontally: fewer launches); repeatable")
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
-                         "kernels by GPU time")
+                         "kernels by GPU time (the chunk's with the PyTorch ops that launched them)")
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
                                     "order (tab-separated: microseconds, name)")
     ap.add_argument("--json", help="write the results here")
@@ -281,11 +281,11 @@ def main() -> int:
                         f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                 prefill(part, len(part))
                 torch.cuda.synchronize()
-            print(f"prefill, one chunk of {len(part)} tokens:")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+            print(f"prefill, one chunk of {len(part)} tokens (PyTorch ops and kernels, by their own GPU time):")
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70))
     t1 = next(r for r in results if r["T"] == 1 and "ctx" in r["name"] and "short" not in r["name"])
     for r in results:
         if r["name"].startswith("verify"):
