@@ -8,8 +8,7 @@
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
 registers. For T <= 16 (decode, verify): four launches (six and split_runs' when T > SINGLE_MAX_T), no host
-synchronization, so
-a CUDA graph can capture a call:
+synchronization, so a CUDA graph can capture a call:
 
   1. _moe_prepare  program 0 groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
@@ -612,7 +611,7 @@ def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, dp_ptr,
     if TYPE == 16:
         a = tl.reshape(_iq2_mma_runs(ptr, base, c, dp_ptr), (BR, NS * L))   # exact integers, |a| < 2048
     else:
-        q, s, m, _, _ = _block_parts(ptr, base, c, dp_ptr, dp_ptr, TYPE, L)
+        q, s, m, _, _ = _block_parts(ptr, base, c, dp_ptr, dp_ptr, TYPE, L)   # (tables: IQ2_XXS only)
         a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))      # exact integers, |a| < 2048
     r = tl.dot(a, hi) + tl.dot(a, lo)
     if TYPE == 10:
