@@ -195,7 +195,8 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                             f"  sweep single_config={sc}", T, nb, time_graph(lambda: fn(single_config=sc), R), bw,
                             kind="sweep_moe", mix=mix, routing="random", config=str(sc))))
             if sweeps is not None and mix == "q2" and (routing, T) == ("shared", 8):    # T <= 4: one-pair items only
-                for cfg in ((32, 4), (64, 4)):          # (128, 8) needs 240 KB of shared memory at 3 stages
+                # not (128, 8): 240 KB of shared memory at 3 stages (warmups.moe_gateup_multi(...).metadata.shared)
+                for cfg in ((32, 4), (64, 4)):
                     sweeps.append(lambda cfg=cfg, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(
                         f"  sweep multi_config={cfg}", T, nb, time_graph(lambda: fn(multi_config=cfg), R), bw,
                         kind="sweep_moe", mix=mix, routing="shared", config=list(cfg))))
