@@ -443,6 +443,55 @@ def _iq2_mma_runs(ptr, base, c, dp_ptr):
         return (tl.where((nib & 4) != 0, -mag, mag) * s[:, None]).to(tl.float16)
 
 
+# Four f16 results of one word of Q2_K / Q4_K quants (bytes q = 0..15, already shifted and masked): each byte put
+# under 0x64 as a half (1024 + q) and one HFMA2 per two values: (1024 + q) s - 1024 s = q s, exact (one rounding of
+# an integer q s <= 945 < 2048; (1024 + 15) * 63 < 65504). Output m holds value bitrev2(m) (see _kq_mma_runs).
+_KQ_F16_ASM = tl.constexpr("""{
+.reg .b32 s2, c2, h;
+.reg .b16 sh;
+cvt.rn.f16.u32 sh, $5;
+mov.b32 s2, {sh, sh};
+mov.b32 c2, 0xE400E400;
+mul.rn.f16x2 c2, s2, c2;
+""" + _halves_ptx("$4", (0, 2, 1, 3)) + "}")
+
+
+@triton.jit
+def _kq_mma_runs(ptr, base, c, TYPE: tl.constexpr, L: tl.constexpr):
+    """Q2_K / Q4_K runs for the tensor-core kernels: run j is run c[j] of the block at byte offset base[j] (int64)
+    -> (a float16 [R, L] = s * q, exact integers; m [R] int32, the run's min multiplier). The quants are read as
+    32-bit words (the blocks keep them 4-byte aligned) and each word's 4 values made by one shift, one mask and, on
+    the GPU, two byte permutes and two HFMA2 (_KQ_F16_ASM), against ~6 instructions per value in _block_parts."""
+    p32 = ptr.to(tl.pointer_type(tl.uint32))
+    wi = tl.arange(0, L // 4)[None, :]
+    if TYPE == 10:  # run c = 8n + 2j + h: qs[32n + 16h + 0..15] at shift 2j; scale byte c = m << 4 | s
+        w = tl.load(p32 + ((base + 16 + 32 * (c >> 3) + 16 * (c & 1)) // 4)[:, None] + wi)
+        q = (w >> (2 * ((c >> 1) & 3)).to(tl.uint32)[:, None]) & 0x03030303
+        sc = tl.load(ptr + base + c).to(tl.int32)
+        s = sc & 15
+        m = sc >> 4
+    else:  # Q4_K, run c: qs[32(c>>1) + 0..31] at shift 4(c&1); six-bit (s, m) as in _block_parts
+        w = tl.load(p32 + ((base + 16 + 32 * (c >> 1)) // 4)[:, None] + wi)
+        q = (w >> (4 * (c & 1)).to(tl.uint32)[:, None]) & 0x0F0F0F0F
+        bs = tl.load(ptr + base + (4 + c)).to(tl.int32)           # B[s]
+        bs4 = tl.load(ptr + base + (8 + c)).to(tl.int32)          # B[s+4]
+        bsm4 = tl.load(ptr + base + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
+        low = c < 4
+        s = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4))
+        m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4))
+    q = q.to(tl.int32, bitcast=True)
+    s2 = tl.broadcast_to(s[:, None], q.shape)
+    if ASM:
+        # output m holds value bitrev2(m) of the word: two joins (each adds a last dim) and the reshape restore order
+        v = tl.inline_asm_elementwise(_KQ_F16_ASM, "=h,=h,=h,=h,r,r", [q, s2], dtype=(tl.float16,) * 4,
+                                      is_pure=True, pack=1)
+        t = tl.join(tl.join(v[0], v[1]), tl.join(v[2], v[3]))
+    else:
+        b = tl.arange(0, 4)[None, None, :]
+        t = (((q[:, :, None] >> (8 * b)) & 255) * s2[:, :, None]).to(tl.float16)
+    return tl.reshape(t, (q.shape[0], L)), m
+
+
 @triton.jit
 def _dp4a(a, b, c):
     """c + the sum of the products of the four signed bytes of a and of b."""
@@ -611,8 +660,8 @@ def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, dp_ptr,
     if TYPE == 16:
         a = tl.reshape(_iq2_mma_runs(ptr, base, c, dp_ptr), (BR, NS * L))   # exact integers, |a| < 2048
     else:
-        q, s, m, _, _ = _block_parts(ptr, base, c, dp_ptr, dp_ptr, TYPE, L)   # (tables: IQ2_XXS only)
-        a = tl.reshape((s[:, None] * q).to(tl.float16), (BR, NS * L))      # exact integers, |a| < 2048
+        a, m = _kq_mma_runs(ptr, base, c, TYPE, L)
+        a = tl.reshape(a, (BR, NS * L))                                      # exact integers, |a| < 2048
     r = tl.dot(a, hi) + tl.dot(a, lo)
     if TYPE == 10:
         d = _ld_f16(ptr, rbase + 80)
