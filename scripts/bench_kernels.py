@@ -55,7 +55,8 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
 TS = (1, 2, 3, 4, 8, 16)
 # (CAP, rows per program, warps, stages) of the multi-pair kernels in long (prefill) calls, swept while the budget lasts
-LONG_SWEEP = ((64, 64, 8, 2), (32, 64, 8, 2), (64, 32, 8, 1), (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 8, 1))
+LONG_SWEEP = ((64, 64, 8, 2), (32, 64, 8, 1), (32, 128, 8, 1), (64, 128, 8, 1), (32, 64, 8, 2), (64, 32, 8, 1),
+              (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 8, 1))
 # (rows per program, warps, register cap, prefetch) of the one-pair MoE kernels at T = 1, each block type in turn
 SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
