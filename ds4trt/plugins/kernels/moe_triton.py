@@ -826,10 +826,13 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
         urow = e * up_expert_bytes + rows.to(tl.int64) * (NSB * UBS)
         accg = tl.zeros([BR, CAP], tl.float32)
         accu = tl.zeros([BR, CAP], tl.float32)
+        # gate, then up: one matrix's tiles live at a time (both in one loop spilled ~90 registers on sm_90)
         for sb in range(0, NSB):
             hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
                               dp_ptr, GT, GNS, GL, BR)
+        for sb in range(0, NSB):
+            hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
             accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
                               dp_ptr, UT, UNS, UL, BR)
         w = tl.load(wts_ptr + pairs, mask=pm, other=0.0)
