@@ -58,7 +58,7 @@ def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warp
     return M._moe_gateup_multi.warmup(
         *SPLIT, I64, F32, I32, I32, I32, U8, U8, F32, I32, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
         10.0, NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=up, UBS=ubs, UNS=uns, UL=ul, BR=br, CAP=cap,
-        COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+        COMPACT=compact, GATE_THEN_UP=compact, num_warps=warps, num_stages=stages, **LAUNCH)
 
 
 def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
