@@ -5,12 +5,12 @@
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, and the two hyper-connection kernels of
-hc_pre_triton (--long: also the multi-pair MoE kernels of prefill chunks, at LONG_CONFIGS), and prints registers per
-thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
-e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global /
-shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes,
-warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of
-one kernel.
+hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts
+kernel), and prints registers per thread, spills, shared memory, the instruction count of the whole kernel and of
+its longest loop body (one step: e.g. one 256-value block of every row the program serves) and the instruction mix
+of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts:
+which tile dims go to lanes, warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied
+out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -74,6 +74,7 @@ def main() -> int:
                        W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True, stages))
                 report(f"moe_down_multi_t{down}_{cap}x{br}x{warps}",
                        W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
+        report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
             _, steps, splits = Q.row_launch(n, k, br, *min_programs)

@@ -594,6 +594,7 @@ def test_every_variant_compiles_for_sm90():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T))
             ok(W.q8_multi(K))
+            ok(W.dequant_parts(K))
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())

@@ -83,6 +83,11 @@ def q8_multi(K: int):
                                       num_warps=q8_triton.MMA_WARPS, **LAUNCH)
 
 
+def dequant_parts(K: int, N: int = 4096):
+    return q8_triton._dequant_parts.warmup(U8, F16, I16, N, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
+                                           num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
+
+
 def top_rows(N: int, k: int = 512):
     return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=8, **LAUNCH)
 
