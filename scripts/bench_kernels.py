@@ -10,7 +10,7 @@ zeros; the kernels' time does not depend on the values):
      down) and q4 mix (Q4_K x3), T = 1, 2, 3, 4, 8, 16 tokens, with
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
-  1b. the q2 MoE of a prefill chunk (T = 256, 1024, 2048; random routing; a long call, timed eagerly);
+  1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048; random routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
@@ -55,8 +55,8 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
 TS = (1, 2, 3, 4, 8, 16)
 # (CAP, rows per program, warps, stages) of the multi-pair kernels in long (prefill) calls, swept while the budget lasts
-LONG_SWEEP = ((64, 64, 8, 2), (32, 64, 8, 1), (32, 128, 8, 1), (64, 128, 8, 1), (32, 64, 8, 2), (64, 32, 8, 1),
-              (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 8, 1))
+LONG_SWEEP = ((32, 128, 8, 1), (64, 128, 8, 1), (16, 128, 8, 1), (32, 256, 16, 1), (32, 128, 8, 2), (64, 64, 8, 1),
+              (32, 64, 8, 1), (128, 128, 8, 1))
 # (rows per program, warps, register cap, prefetch) of the one-pair MoE kernels at T = 1, each block type in turn
 SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
@@ -204,29 +204,31 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
 
 
 def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> None:
-    """One layer's routed MoE for a prefill chunk (T = 256, 1024 and 2048, random routing): a long call, which lists its
+    """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing): a long call, which lists its
     items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched expert once."""
     types = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(4)
     blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1)
               for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
     rng = torch.Generator(device="cpu").manual_seed(5)
-    for T in (256, 1024, 2048):
+    for T in (256, 512, 1024, 2048):
         ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
         v, w = torch.randn(T, D, generator=rng) * 3, torch.rand(T, K_SLOTS, generator=rng) * 0.9 + 0.1
         nbytes = len(torch.unique(ids)) * expert_bytes(types) + 2 * T * D * 4 + T * K_SLOTS * 12
         v, ids, w = (x.to(DEV) for x in (v, ids, w))
 
-        def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=M.LONG_CONFIG, label=""):
+        default = M.long_launch(T * K_SLOTS, E)
+
+        def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=default, label=""):
             ms = do_bench(lambda: M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=cfg), warmup=3, rep=200,
                           return_mode="median")
             results.append(case(f"moe {mix} prefill{label}", T, nbytes, ms, bw, kind="moe_long" if not label else
                                 "sweep_moe", mix=mix, config=list(cfg),
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3)))
         guarded(f"moe {mix} prefill T={T}", results, run)
-        if sweeps is not None and T >= 1024:
+        if sweeps is not None and T >= 512:
             for cfg in LONG_SWEEP:
-                if cfg != M.LONG_CONFIG:
+                if cfg != default:
                     sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
 
 

@@ -5,12 +5,12 @@
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, and the two hyper-connection kernels of
-hc_pre_triton (--long: also the multi-pair MoE kernels of prefill chunks, at LONG_CONFIG), and prints registers per
-thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
-e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global /
-shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes,
-warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of
-one kernel.
+hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts
+kernel), and prints registers per thread, spills, shared memory, the instruction count of the whole kernel and of
+its longest loop body (one step: e.g. one 256-value block of every row the program serves) and the instruction mix
+of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts:
+which tile dims go to lanes, warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied
+out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
     ap.add_argument("--q8", nargs="*", type=shape, default=None, help="Q8_0 T=1 shapes rows:warps")
-    ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIG")
+    ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
@@ -68,11 +68,13 @@ def main() -> int:
         for br, warps, pf in args.moe or [single(down)]:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", W.moe_down_single(down, D, F, br, warps, pf))
     if args.long:
-        cap, br, warps, stages = M.LONG_CONFIG
-        for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-            report(f"moe_gateup_multi_t{gate}_{br}x{warps}",
-                   W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True, stages))
-            report(f"moe_down_multi_t{down}_{br}x{warps}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
+        for cap, br, warps, stages in M.LONG_CONFIGS.values():
+            for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
+                report(f"moe_gateup_multi_t{gate}_{cap}x{br}x{warps}",
+                       W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True, stages))
+                report(f"moe_down_multi_t{down}_{cap}x{br}x{warps}",
+                       W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
+        report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
         for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
             _, steps, splits = Q.row_launch(n, k, br, *min_programs)

@@ -2,7 +2,8 @@
 
 Checked against the PyTorch reference on the CPU (Engine.open, float32, every weight dequantized):
   - Q8_0 dequantization in torch is bit-exact against gguf-py (runs everywhere);
-  - Q8Linear against Linear on fresh random blocks, every row-count path and grouped rows;
+  - Q8Linear against Linear on fresh random blocks, every row-count path and grouped rows; the bf16 parts of a
+    Q8_0 weight for long prefill chunks (q8_triton.dequant_bf16_parts) bit for bit those of torch;
   - greedy tokens of the tiny model and of the bundled demo model identical on both paths, graphs on and off;
   - speculative decoding on the GPU path gives exactly its greedy tokens (demo model, real MTP head, drafts
     1..4, several prompts; and with the blocks compiled), commits every accepted-length graph, and leaves the
@@ -152,6 +153,33 @@ def test_q8_linear_matches_linear(T, groups):
     assert rel <= 1e-5, f"relative error {rel:.2e}"
 
 
+@kernels
+@pytest.mark.parametrize("K", [96, 1056])
+def test_dequant_bf16_parts_equals_the_torch_split(K):
+    """q8_triton.dequant_bf16_parts (the Q8_0 weight operand of long prefill chunks) bit for bit the torch split of
+    the dequantized weight (weight_bf16_parts: bf16 rounded to nearest even), fresh random blocks: K past a whole
+    number of 256-value tiles, row counts past a whole number of row tiles. Truncating to bf16 (what Triton's
+    interpreter does in .to(tl.bfloat16)) gives other parts for these values."""
+    rng = np.random.default_rng(K)
+    for N in (1, 40, 96):
+        blocks, _ = _q8_blocks(rng, N, K)
+        quants, scales = q8_triton.split_q8(torch.from_numpy(blocks).to(DEVICE), N, K)
+        got = q8_triton.dequant_bf16_parts(quants, scales, K).cpu()
+        w = q8_triton.dequantize(quants, scales, K)
+        want = cuda.weight_bf16_parts(w).cpu()
+        assert got.dtype == torch.bfloat16 and got.shape == (N, 4 * K)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"N = {N}: parts differ"
+        hi, lo = _truncated_bf16_parts(w.cpu())
+        assert (hi != want[:, :K].view(torch.int16)).any() and (lo != want[:, K:2 * K].view(torch.int16)).any()
+
+
+def _truncated_bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 a -> the bits (int16) of its two bf16 parts made by truncation rather than rounding."""
+    hi = a.view(torch.int32) & -65536                                  # a cut to bf16, as float32 bits
+    lo = (a - hi.view(torch.float32)).view(torch.int32)
+    return (hi >> 16).to(torch.int16), (lo >> 16).to(torch.int16)
+
+
 @gpu_only
 @pytest.mark.parametrize("groups", [1, 8])
 def test_project_bf16_parts_vs_float64(groups):
@@ -163,7 +191,7 @@ def test_project_bf16_parts_vs_float64(groups):
     T, N, K = 300, 512, 1024
     x = torch.randn(T, groups * K, generator=g) * torch.logspace(-2, 2, groups * K)
     w = torch.randn(N, K, generator=g) / K ** 0.5
-    got = cuda.project_bf16_parts(x.to(DEVICE), w.to(DEVICE), groups).double().cpu()
+    got = cuda.project_bf16_parts(x.to(DEVICE), cuda.weight_bf16_parts(w.to(DEVICE)), groups).double().cpu()
     ref = project(x.double(), w.double(), groups)
     rel = ((got - ref).abs().max() / ref.abs().max()).item()
     assert got.shape == ref.shape and rel <= 1e-5, f"relative error {rel:.2e}"

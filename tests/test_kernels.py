@@ -267,7 +267,7 @@ def test_moe_flash_widths(mix):
 
 @gpu_only
 def test_moe_flash_widths_long_call():
-    """A 300-token prefill chunk at Flash widths (q2 mix): 1800 pairs over 8 experts, items of up to 64 pairs (LONG_CONFIG)."""
+    """A 300-token prefill chunk at Flash widths (q2 mix): 1800 pairs over 8 experts, items of up to 64 pairs (long_launch)."""
     types = MIXES["iq2_iq2_q2k"]
     blocks, pool, deq = _flash_experts(types, seed=31)
     rng = np.random.default_rng(31)
@@ -583,8 +583,8 @@ def test_every_variant_compiles_for_sm90():
                                                                ((16, 4, None, not gpf), (16, 4, None, not dpf))):
                     ok(W.moe_gateup_single(gt, ut, D, F, br, w, pf, maxnreg=reg))
                     ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
-                for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3),
-                                                (*M.LONG_CONFIG[:3], True, M.LONG_CONFIG[3]), (16, 32, 4, True, 1)):
+                for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3), (16, 32, 4, True, 1),
+                                                *((*c[:3], True, c[3]) for c in M.LONG_CONFIGS.values())):
                     ok(W.moe_gateup_multi(gt, ut, D, F, cap, br, w, compact, st))
                     ok(W.moe_down_multi(dt, D, F, cap, br, w, compact, st))
                 ok(W.moe_gateup_single(gt, ut, D, F, gbr, gw, gpf, compact=True))
@@ -594,6 +594,7 @@ def test_every_variant_compiles_for_sm90():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T))
             ok(W.q8_multi(K))
+            ok(W.dequant_parts(K))
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())

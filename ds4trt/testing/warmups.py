@@ -58,7 +58,7 @@ def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warp
     return M._moe_gateup_multi.warmup(
         *SPLIT, I64, F32, I32, I32, I32, U8, U8, F32, I32, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
         10.0, NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=up, UBS=ubs, UNS=uns, UL=ul, BR=br, CAP=cap,
-        COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+        COMPACT=compact, GATE_THEN_UP=compact, num_warps=warps, num_stages=stages, **LAUNCH)
 
 
 def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
@@ -81,6 +81,11 @@ def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int
 def q8_multi(K: int):
     return q8_triton._q8_multi.warmup(F32, U8, F16, F32, 8, 4096, 4096, K=K, BR=q8_triton.MMA_BR,
                                       num_warps=q8_triton.MMA_WARPS, **LAUNCH)
+
+
+def dequant_parts(K: int, N: int = 4096):
+    return q8_triton._dequant_parts.warmup(U8, F16, I16, N, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
+                                           num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
 
 
 def top_rows(N: int, k: int = 512):

@@ -21,7 +21,7 @@ synchronization, so a CUDA graph can capture a call:
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
-with up to LONG_CONFIG's 64 pairs each and listed, so each program serves one listed item (COMPACT) and an expert's
+with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an expert's
 blocks are read once per 64 of its tokens instead of once per 16-token slice.
 
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as
@@ -101,10 +101,18 @@ MULTI_BR, MULTI_WARPS = 64, 8
 # tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
 # (6 experts shared by T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4).
 SINGLE_MAX_T = 4
-# Long calls (T > CAP: prefill chunks): items of up to 64 pairs, so that one read of an expert's blocks serves
-# up to 64 tokens; (CAP, rows per program, warps, pipeline stages), swept by scripts/bench_kernels.py. 64 rows
-# let Triton use sm_90's wgmma; one stage keeps the shared memory at ~100 KB (three would need ~210 KB).
-LONG_CONFIG = (64, 64, 8, 1)
+# Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's
+# blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages) by the call's mean pairs per
+# expert (long_launch), swept by scripts/bench_kernels.py. On the H200 (BENCHMARKS.md, q2 layer, uniform random
+# routing) 128-row tiles halve the reloads of an item's activations per weight row and the gate/up kernel runs gate,
+# then up (GATE_THEN_UP: fewer spills): T = 512 / 1024 / 2048 from 12.6 / 13.5 / 15.9 ms at (64, 64, 8, 1) to
+# 6.3 / 7.2 at (32, 128, 8, 1) and 11.9 at (64, 128, 8, 1); items of 32 pairs while the mean is at most 32.
+LONG_CONFIGS = {32: (32, 128, 8, 1), 64: (64, 128, 8, 1)}
+
+
+def long_launch(pairs: int, experts: int) -> tuple[int, int, int, int]:
+    """(CAP, rows, warps, stages) of a long call of `pairs` (token, slot) pairs over `experts` experts."""
+    return LONG_CONFIGS[32 if pairs <= 32 * experts else 64]
 
 
 @functools.cache
@@ -809,9 +817,12 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
                       clamp, NSB: tl.constexpr,
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
-                      BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
+                      BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr, GATE_THEN_UP: tl.constexpr,
+                      PDL: tl.constexpr):
     """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores).
-    x*_ptr: the activations as split_runs stores them (a row per token)."""
+    x*_ptr: the activations as split_runs stores them (a row per token). GATE_THEN_UP: one loop over the blocks
+    for gate, then one for up (long calls: each matrix's tiles live alone, fewer spills), else one loop for both
+    (short calls: each block's activations loaded once)."""
     pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt >= 2:
@@ -830,8 +841,15 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
             hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
                               dp_ptr, GT, GNS, GL, BR)
-            accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
-                              dp_ptr, UT, UNS, UL, BR)
+            if not GATE_THEN_UP:
+                accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
+                                  dp_ptr, UT, UNS, UL, BR)
+        if GATE_THEN_UP:
+            for sb in range(0, NSB):
+                hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D,
+                                                    CAP)
+                accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
+                                  dp_ptr, UT, UNS, UL, BR)
         w = tl.load(wts_ptr + pairs, mask=pm, other=0.0)
         h = w[None, :] * _swiglu(accg, accu, clamp)
         tl.store(h_ptr + pairs.to(tl.int64)[None, :] * F + rows[:, None], h, mask=pm[None, :])
@@ -964,7 +982,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
                 per_slot: bool = False, single_config: dict | None = None,
                 multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
-                long_config: tuple[int, int, int, int] = LONG_CONFIG) -> torch.Tensor:
+                long_config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given); per_slot: return instead each slot's weighted expert output [T, k, D]
@@ -976,7 +994,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     chunks): the items are listed on the host side (_long_items) and hold up to long_config's CAP pairs.
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
     SINGLE_CONFIG; multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
-    long_config: (CAP, rows per program, warps, stages) of those of long calls (benchmark sweeps)."""
+    long_config: (CAP, rows per program, warps, stages) of those of long calls, overriding long_launch's
+    (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
@@ -996,7 +1015,10 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     (gbr, gwarps, greg, gpf), (dbr, dwarps, dreg, dpf) = cfg[gate_type], cfg[down_type]
     upf = cfg[up_type][3]
     long = T > CAP
-    cap, mbr, mwarps, mstages = long_config if long else (CAP, *multi_config, None)
+    if long:
+        cap, mbr, mwarps, mstages = long_config or long_launch(T * ids.shape[1], gate_blocks.shape[0])
+    else:
+        cap, mbr, mwarps, mstages = CAP, *multi_config, None
     if F % gbr or D % dbr or F % mbr or D % mbr:
         raise ValueError(f"moe_forward: row tiles {gbr}, {dbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
@@ -1044,7 +1066,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_gateup_multi[(n_multi, F // mbr)](*split_runs(v), *gu_args[1:], m_starts, gate_blocks, up_blocks, ws.h,
                                                dp_tab, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
-                                               COMPACT=long, num_warps=mwarps, **pdl,
+                                               COMPACT=long, GATE_THEN_UP=long, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
         _moe_down_single[(n_single, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, NSB=F // QK, DT=down_type,

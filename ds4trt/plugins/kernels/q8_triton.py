@@ -5,6 +5,9 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
+    dequant_bf16_parts(quants, scales, K) -> bfloat16 [N, 4K]: each row's values d * q as hi | lo | hi | lo, bf16
+        parts with d * q = hi + lo (to 2^-17 of |d * q|), the weight operand of the CUDA backend's long prefill
+        chunks (runtime/backends/cuda.py project_bf16_parts).
 
 Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
 In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants are only 2-byte aligned and a
@@ -27,6 +30,10 @@ not depend on it).
 T > 4: the decoded [BR, 128] tile times x [128, 16] on the tensor cores with input_precision="tf32x3"
 (operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
 carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
+
+dequant_bf16_parts rounds to bf16 with integer operations on the float32 bits (round to nearest even, as torch's
+.to(torch.bfloat16)): Triton's interpreter truncates in .to(tl.bfloat16), so the kernel's parts are those of torch
+both on the GPU and under the interpreter.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 52
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
 MMA_BR, MMA_WARPS = 64, 4
+PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_bf16_parts' tile: rows, values, warps
 
 
 @triton.jit
@@ -161,6 +169,40 @@ def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexp
              mask=(out_rows < N)[:, None] & tmask[None, :])
 
 
+@triton.jit
+def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Program (p, s): rows p*BR.. and values s*BK.. of out int16 [N, 4K], each row hi | lo | hi | lo (the bf16 bits
+    of the values d * q and of their residuals); rows past N and blocks past K masked. Tile [row, block, value in
+    block]: one scale load per block, and each word of 4 quants is one 4-byte load (split_q8 keeps them together)."""
+    pdl_enter(PDL)
+    KP: tl.constexpr = (K + 255) // 256 * 256
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    r = rows.to(tl.int64)[:, None, None]                                          # [BR, 1, 1]
+    blk = (tl.program_id(1) * (BK // 32) + tl.arange(0, BK // 32))[None, :, None]  # [1, BK/32, 1]
+    i = tl.arange(0, 32)[None, None, :]                                           # [1, 1, 32]
+    k = blk * 32 + i                                                              # value index in the row
+    pos = blk // 8 * 256 + i // 4 * 32 + blk % 8 * 4 + i % 4                     # its byte in split_q8's row
+    mask = (rows < N)[:, None, None] & (blk < K // 32)                            # [BR, BK/32, 1]: whole blocks
+    u = tl.load(q_ptr + r * KP + pos, mask=mask, other=128)
+    d = tl.load(d_ptr + r * (KP // 32) + blk, mask=mask, other=0.0)
+    value = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32)             # [BR, BK/32, 32] = q * d, exact
+    hi = _bf16_bits(value)
+    lo = _bf16_bits(value - (hi << 16).to(tl.float32, bitcast=True))              # the residual is exact in float32
+    o = out_ptr + r * (4 * K) + k
+    tl.store(o, hi.to(tl.int16), mask=mask)
+    tl.store(o + K, lo.to(tl.int16), mask=mask)
+    tl.store(o + 2 * K, hi.to(tl.int16), mask=mask)
+    tl.store(o + 3 * K, lo.to(tl.int16), mask=mask)
+
+
+@triton.jit
+def _bf16_bits(v):
+    """float32 v (finite) -> int32 holding in its low 16 bits the bits of v rounded to bfloat16, to nearest even."""
+    b = v.to(tl.int32, bitcast=True)
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -263,4 +305,20 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
     _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps,
                                      **pdl_launch(x.device))
+    return out
+
+
+def dequant_bf16_parts(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    """split_q8's arrays of an [N, K] weight -> bfloat16 [N, 4K]: row n is hi | lo | hi | lo with hi the value d * q
+    rounded to bf16 (to nearest even) and lo the residual d * q - hi rounded likewise (bit for bit torch's
+    .to(torch.bfloat16) of the float32 values and residuals)."""
+    N, KP = quants.shape
+    if K % QK or KP != padded(K) or quants.dtype != torch.uint8 or scales.dtype != torch.float16 \
+            or scales.shape != (N, KP // QK) or scales.device != quants.device:
+        raise ValueError(f"dequant_bf16_parts: expected split_q8 arrays of an [N, {K}] weight, got quants "
+                         f"{quants.dtype} {list(quants.shape)}, scales {scales.dtype} {list(scales.shape)}")
+    out = torch.empty(N, 4 * K, dtype=torch.bfloat16, device=quants.device)
+    grid = (triton.cdiv(N, PARTS_BR), triton.cdiv(K, PARTS_BK))
+    _dequant_parts[grid](quants.contiguous(), scales.contiguous(), out.view(torch.int16), N, K=K, BR=PARTS_BR,
+                         BK=PARTS_BK, num_warps=PARTS_WARPS, **pdl_launch(quants.device))
     return out

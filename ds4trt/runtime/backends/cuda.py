@@ -7,8 +7,9 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
-Prefill chunks (more rows than the kernels take) dequantize one Q8_0 / F16 weight at a time for a bf16 tensor-core
-product of its parts (project_bf16_parts, ~4e-6 relative).
+Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at a time into bf16 parts for a bf16
+tensor-core product (project_bf16_parts, ~4e-6 relative): a Q8_0 weight by one kernel from its blocks
+(q8_triton.dequant_bf16_parts, ~9 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton).
@@ -51,8 +52,8 @@ from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
-KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps dequantize the weight for one bf16 tensor-core
-                             # GEMM of its parts (project_bf16_parts; a float32 SGEMM before: prefill of 2048
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the weight into bf16 parts for one bf16
+                             # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 # Prefill chunk of this backend's sessions: a long MoE call costs about the same up to 2048 tokens (every expert
@@ -210,8 +211,8 @@ class Q8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., G*K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: dequantize this weight for the one product
-            return project_bf16_parts(x, q8_triton.dequantize(self.quants, self.scales, self.K), self.groups)
+        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: this weight's bf16 parts for the one product
+            return project_bf16_parts(x, q8_triton.dequant_bf16_parts(self.quants, self.scales, self.K), self.groups)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
@@ -221,18 +222,24 @@ def _bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, (a - hi.float()).to(torch.bfloat16)
 
 
-def project_bf16_parts(x: torch.Tensor, weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    """model/linear.py project (x [..., G*K] float32, weight [N, K] float32 -> [..., N]) on the bf16 tensor cores, for
-    long prefill chunks: x and the weight each split into two bf16 parts (_bf16_parts) and the four products of the
-    parts summed by one GEMM over 4K with float32 accumulation and output: each term exact but for the split
-    residuals (2^-17 of |x| |w|; ~4e-6 relative on random rows, against float64). An F16 weight is split exactly;
-    a Q8_0 one (<= 18 significant bits) loses its bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of
-    the bf16 rate."""
-    G, (N, K) = groups, weight.shape
+def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
+    """float32 [N, K] -> bfloat16 [N, 4K], row n = hi | lo | hi | lo (_bf16_parts): project_bf16_parts' weight operand
+    (q8_triton.dequant_bf16_parts makes the same from Q8_0 blocks)."""
+    wh, wl = _bf16_parts(weight)
+    return torch.cat((wh, wl, wh, wl), dim=1)
+
+
+def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
+    prefill chunks, given the weight's bf16 parts wparts [N, 4K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
+    x split likewise (_bf16_parts) and the four products of the parts summed by one GEMM over 4K with float32
+    accumulation and output: each term exact but for the split residuals (2^-17 of |x| |w|; ~4e-6 relative on
+    random rows, against float64). An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
+    bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
+    G, N, K = groups, wparts.shape[0], wparts.shape[1] // 4
     xh, xl = _bf16_parts(x.reshape(-1, G, K))
-    wh, wl = _bf16_parts(weight.reshape(G, N // G, K))
     a = torch.cat((xh, xh, xl, xl), dim=2).transpose(0, 1)               # [G, T, 4K]
-    b = torch.cat((wh, wl, wh, wl), dim=2).transpose(1, 2)               # [G, 4K, N/G]
+    b = wparts.reshape(G, N // G, 4 * K).transpose(1, 2)                 # [G, 4K, N/G]
     if a.is_cuda:
         y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
     else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
@@ -253,7 +260,7 @@ def _(x, w):
 class F16Linear(nn.Module):
     """x @ W.T for an F16 GGUF matrix kept as float16 (the routers, compressors and indexer projections: half the
     bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else project_bf16_parts on the
-    weight made float32 for the one product (prefill chunks)."""
+    weight's bf16 parts, made for the one product (prefill chunks)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -264,7 +271,7 @@ class F16Linear(nn.Module):
         """x: [..., K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > f16_triton.MAX_T:
-            return project_bf16_parts(x, self.weight.float())
+            return project_bf16_parts(x, weight_bf16_parts(self.weight.float()))
         return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.N)
 
 
