@@ -7,7 +7,9 @@ The model is the real Transformer (model/transformer.py) with the CUDA backend's
 (runtime/backends/cuda.py): Flash widths (hidden 4096, 64 heads x 512, 256 experts x 2048, vocabulary
 129280, ModelConfig.flash()), the q2 mix (IQ2_XXS gate/up, Q2_K down, Q8_0 projections, F16 where ds4 has
 F16: the router, compressor and indexer matrices kept as float16, the rest as float32), random bytes with
-moderate f16 scales (never zeros), random routing.
+moderate f16 scales (never zeros), random routing (the router's selection bias small, so that tokens spread over
+the experts as with a trained model's balancing bias; until 2026-11-30 it was N(0, 1) and sent most of a prompt's
+tokens to ~20 experts per layer, which made verify and prefill look cheaper than uniform routing).
 Steps run through GraphedSteps exactly as a session runs them (one CUDA graph per step shape + a commit graph);
 --compile also fuses each block's glue with torch.compile.
 
@@ -80,6 +82,8 @@ class SyntheticWeights:
         if t == N.I32:                                            # hash routing table: random experts
             return torch.randint(0, self.cfg.n_expert, shape, device="cuda", generator=self.gen)
         x = torch.randn(shape, device="cuda", generator=self.gen)
+        if name.endswith("exp_probs_b.bias"):    # small: tokens spread over the experts, as a trained balancing bias
+            return 0.01 * x                      # makes them do (an N(0, 1) bias sent a 1024-token chunk to ~20)
         if len(shape) == 2:
             x /= shape[1] ** 0.5
         elif name.endswith("norm.weight"):
