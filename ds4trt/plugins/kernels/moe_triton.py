@@ -31,7 +31,8 @@ agree with float64 to ~1e-6 relative), the other types by float32 FMA on the dec
 each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
-2048; IQ2_XXS by byte permutes and HFMA2, _iq2_mma_runs: sm_90 gate/up loop 3574 -> 1279 instructions)
+2048; made by byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions,
+Q2_K / Q4_K in _kq_mma_runs)
 times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
 power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|); split_runs, by torch once per call for all programs:
 the gate/up kernel's v, the down kernel's h). Each tensor-core product is then exact in the

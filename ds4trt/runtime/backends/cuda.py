@@ -56,9 +56,10 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
-# Prefill chunk of this backend's sessions: a long MoE call costs about the same up to 2048 tokens (every expert
-# is read once), attention grows with the chunk; on the H200 at Flash width (43 layers, 2048-token prompt)
-# chunks of 512 / 1024 / 2048 prefilled 708 / 729 / 630 tokens/s with peaks of 83.9 / 84.8 / 86.5 GiB.
+# Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
+# blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
+# BENCHMARKS.md, 8ab5ede) chunks of 1024 / 2048 prefilled a 2048-token prompt at 1153 / 1210 tokens/s and a
+# 4096-token one at 1190 / 1139, with peaks of 84.2 / 85.1 GiB.
 PREFILL_CHUNK = 1024
 
 
