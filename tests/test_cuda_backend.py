@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 kernels = pytest.mark.skipif(not (GPU or INTERP), reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200) "
                                                          "or DS4_TRITON_INTERPRET=1")
-gpu_only = pytest.mark.skipif(not GPU, reason="CUDA graphs: needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DEMO_PROMPTS = ["import os\nimport sys\n\n\nclass ", "def main(argv=None):\n    ", "    for i in range(",
