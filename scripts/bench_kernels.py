@@ -204,8 +204,9 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
 
 
 def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> None:
-    """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing): a long call, which lists its
-    items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched expert once."""
+    """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing): a long call, which
+    lists its items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched
+    expert once."""
     types = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(4)
     blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1)

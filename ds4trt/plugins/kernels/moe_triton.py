@@ -21,8 +21,8 @@ synchronization, so a CUDA graph can capture a call:
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
-with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an expert's
-blocks are read once per 64 of its tokens instead of once per 16-token slice.
+with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
+expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice.
 
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as
 integer dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the
@@ -180,6 +180,21 @@ def _iq2_run_fields(ptr, base, c):
 
 
 @triton.jit
+def _kq_scales(ptr, base, c, TYPE: tl.constexpr):
+    """Q2_K / Q4_K run c of the block at byte offset base: (s, m) int32, its scale and min multipliers."""
+    if TYPE == 10:  # scale byte c = m << 4 | s
+        sc = tl.load(ptr + base + c).to(tl.int32)
+        return sc & 15, sc >> 4
+    else:  # Q4_K: six-bit (s, m) from B = scales (module notes)
+        bs = tl.load(ptr + base + (4 + c)).to(tl.int32)           # B[s]
+        bs4 = tl.load(ptr + base + (8 + c)).to(tl.int32)          # B[s+4]
+        bsm4 = tl.load(ptr + base + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
+        low = c < 4
+        return (tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)),
+                tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)))
+
+
+@triton.jit
 def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.constexpr):
     """Decode runs of L values: run j is run c[j] of the block at byte offset base[j] (int64), so a tile
     [BR * NS, L] holds the blocks of BR rows, one run per tile row (every per-run quantity is then a
@@ -193,20 +208,15 @@ def _block_parts(ptr, base, c, grid_ptr, ksigns_ptr, TYPE: tl.constexpr, L: tl.c
         qoff = 16 + 32 * (c >> 3) + 16 * (c & 1)
         qb = tl.load(ptr + (base + qoff)[:, None] + l).to(tl.int32)
         q = _u2f((qb >> (2 * ((c >> 1) & 3))[:, None]) & 3)
-        sc = tl.load(ptr + base + c).to(tl.int32)
-        s = _u2f(sc & 15)
-        m = _u2f(sc >> 4)
+        si, mi = _kq_scales(ptr, base, c, TYPE)
+        s, m = _u2f(si), _u2f(mi)
         d = _ld_f16(ptr, base + 80)
         dmin = _ld_f16(ptr, base + 82)
     elif TYPE == 12:  # Q4_K: run s reads qs[32(s>>1) + l] at shift 4(s&1)
         qb = tl.load(ptr + (base + 16 + 32 * (c >> 1))[:, None] + l).to(tl.int32)
         q = _u2f((qb >> (4 * (c & 1))[:, None]) & 15)
-        bs = tl.load(ptr + base + (4 + c)).to(tl.int32)           # B[s]
-        bs4 = tl.load(ptr + base + (8 + c)).to(tl.int32)          # B[s+4]
-        bsm4 = tl.load(ptr + base + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
-        low = c < 4
-        s = _u2f(tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4)))
-        m = _u2f(tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4)))
+        si, mi = _kq_scales(ptr, base, c, TYPE)
+        s, m = _u2f(si), _u2f(mi)
         d = _ld_f16(ptr, base)
         dmin = _ld_f16(ptr, base + 2)
     else:  # IQ2_XXS
@@ -473,21 +483,13 @@ def _kq_mma_runs(ptr, base, c, TYPE: tl.constexpr, L: tl.constexpr):
     the GPU, two byte permutes and two HFMA2 (_KQ_F16_ASM), against ~6 instructions per value in _block_parts."""
     p32 = ptr.to(tl.pointer_type(tl.uint32))
     wi = tl.arange(0, L // 4)[None, :]
-    if TYPE == 10:  # run c = 8n + 2j + h: qs[32n + 16h + 0..15] at shift 2j; scale byte c = m << 4 | s
+    if TYPE == 10:  # run c = 8n + 2j + h: qs[32n + 16h + 0..15] at shift 2j
         w = tl.load(p32 + ((base + 16 + 32 * (c >> 3) + 16 * (c & 1)) // 4)[:, None] + wi)
         q = (w >> (2 * ((c >> 1) & 3)).to(tl.uint32)[:, None]) & 0x03030303
-        sc = tl.load(ptr + base + c).to(tl.int32)
-        s = sc & 15
-        m = sc >> 4
-    else:  # Q4_K, run c: qs[32(c>>1) + 0..31] at shift 4(c&1); six-bit (s, m) as in _block_parts
+    else:  # Q4_K, run c: qs[32(c>>1) + 0..31] at shift 4(c&1)
         w = tl.load(p32 + ((base + 16 + 32 * (c >> 1)) // 4)[:, None] + wi)
         q = (w >> (4 * (c & 1)).to(tl.uint32)[:, None]) & 0x0F0F0F0F
-        bs = tl.load(ptr + base + (4 + c)).to(tl.int32)           # B[s]
-        bs4 = tl.load(ptr + base + (8 + c)).to(tl.int32)          # B[s+4]
-        bsm4 = tl.load(ptr + base + (4 + (c & 3))).to(tl.int32)   # B[s-4] (used for s >= 4)
-        low = c < 4
-        s = tl.where(low, bs & 63, (bs4 & 15) | ((bsm4 >> 6) << 4))
-        m = tl.where(low, bs4 & 63, (bs4 >> 4) | ((bs >> 6) << 4))
+    s, m = _kq_scales(ptr, base, c, TYPE)
     q = q.to(tl.int32, bitcast=True)
     s2 = tl.broadcast_to(s[:, None], q.shape)
     if ASM:
@@ -992,7 +994,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     ids must lie in [0, E): they are not checked here (that would need a host synchronization); the router
     guarantees it.
     T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
-    chunks): the items are listed on the host side (_long_items) and hold up to long_config's CAP pairs.
+    chunks): the items are listed on the host side (_long_items) and hold up to CAP pairs (long_launch).
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
     SINGLE_CONFIG; multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
     long_config: (CAP, rows per program, warps, stages) of those of long calls, overriding long_launch's
