@@ -14,6 +14,9 @@ zeros; the kernels' time does not depend on the values):
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
+  2b'. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
+      chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py
+      forms), and the PyTorch attend it replaces, for comparison (timed eagerly);
   2c. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
@@ -85,6 +88,12 @@ F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 
 ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
 # (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
 ATTEND_SWEEP = ((32, 1, 8), (8, 4, 2), (8, 8, 1), (4, 8, 1), (4, 4, 1), (4, 16, 1), (8, 2, 1))
+# (BT, HB, BN, DC, DV, warps, stages) of _attend_long; the default is attn_triton.LONG_CONFIG
+ATTEND_LONG_SWEEP = ((1, 64, 32, 64, 128, 4, 2), (1, 64, 64, 32, 128, 4, 2), (1, 64, 32, 64, 256, 4, 3),
+                     (1, 64, 32, 64, 256, 4, 2), (2, 64, 32, 64, 128, 8, 2), (2, 64, 32, 32, 128, 8, 2),
+                     (2, 64, 64, 32, 128, 8, 2), (1, 16, 32, 64, 512, 4, 2), (1, 64, 32, 64, 256, 8, 2),
+                     (2, 32, 32, 64, 256, 8, 2), (4, 16, 32, 64, 256, 4, 2), (1, 64, 16, 32, 128, 4, 2),
+                     (1, 64, 32, 32, 128, 4, 3), (1, 64, 32, 32, 64, 4, 2))
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
@@ -309,6 +318,50 @@ def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None
                         kind="sweep_attend", keys=K, config=list(cfg))))
 
 
+def long_attention_block(ratio: int, a: int = 768, qb: int = 256, start: int = 1024, T: int = 1024,
+                         ctx: int = 4096, W: int = 128) -> tuple[int, torch.Tensor]:
+    """(K, mask [qb, K]) of model/attention.py's query block a..a+qb-1 of a chunk of T tokens at `start`: the raw
+    window keys a .. a+qb+W-2 (a band of W per query) and, for ratio R, the compressed cache (ctx / R rows, the
+    start / R first visible) and the chunk's T new rows (every R-th emitted), up to the block's last query; on
+    ratio-4 layers the indexer keeps its top-k = 512 of them, here all (at most 512 are visible)."""
+    i = torch.arange(qb, device=DEV)[:, None]
+    raw = torch.arange(qb + W - 1, device=DEV)[None, :]
+    masks = [(raw >= i) & (raw < i + W)]
+    if ratio:
+        kc, new = ctx // ratio, torch.arange(a + qb, device=DEV)[None, :]
+        masks.append((torch.arange(kc, device=DEV) < start // ratio)[None, :].expand(qb, kc))
+        masks.append(((start + new + 1) % ratio == 0) & (new <= a + i))
+    mask = torch.cat(masks, dim=1)
+    return mask.shape[1], mask
+
+
+def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
+    """attend_long_triton and model/attention.py attend on one prefill query block per layer kind (see
+    long_attention_block); eager medians (do_bench), the keys L2-resident as in a prefill."""
+    from ds4trt.model.attention import attend
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    H, d = 64, 512
+    for ratio in (0, 4, 128):
+        K, mask = long_attention_block(ratio)
+        q = torch.randn(mask.shape[0], H, d, device=DEV, generator=gen)
+        k = torch.randn(K, d, device=DEV, generator=gen)
+        sinks = torch.randn(H, device=DEV, generator=gen)
+        nbytes = 2 * q.numel() * 4 + k.numel() * 4 + mask.numel()
+        label = f"attend_long ratio {ratio} ({K} keys)"
+        for name, fn in ((label, lambda config=None: A.attend_long_triton(q, k, mask, sinks, config=config)),
+                         (f"torch attend ratio {ratio}", lambda: attend(q, k, mask, sinks))):
+            guarded(name, results, lambda fn=fn, name=name, K=K, ratio=ratio: results.append(case(
+                name, q.shape[0], nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw,
+                kind="attend_long", keys=K, ratio=ratio)))
+        if sweeps is not None:
+            for cfg in ATTEND_LONG_SWEEP:
+                sweeps.append(lambda cfg=cfg, q=q, k=k, mask=mask, sinks=sinks, nb=nbytes, K=K, ratio=ratio:
+                              results.append(case(f"  sweep config={cfg}", q.shape[0], nb, do_bench(
+                                  lambda: A.attend_long_triton(q, k, mask, sinks, config=cfg), warmup=3, rep=50,
+                                  return_mode="median"), bw, kind="sweep_attend_long", keys=K, ratio=ratio,
+                                  config=list(cfg))))
+
+
 def bench_topk(bw: float, results: list) -> None:
     """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
     the stable torch.sort + slice of model/attention.py top_rows on the same scores."""
@@ -347,8 +400,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,topk,q4",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, topk, q4 (moe)")
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,topk,q4",
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, attend_long "
+                         "(prefill), topk, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -373,6 +427,8 @@ def main() -> int:
         bench_f16(bw, l2, results, sweeps)
     if "attend" in cases:
         bench_attend(bw, l2, results, sweeps)
+    if "attend_long" in cases:
+        bench_attend_long(bw, results, sweeps)
     if "topk" in cases:
         bench_topk(bw, results)
     if "q4" in cases:
@@ -417,7 +473,7 @@ def main() -> int:
     if sweeps:
         print("sweeps (launch configs):")
         for r in sweeps:
-            print(f"  {r.get('mix', r.get('tensor'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
+            print(f"  {r.get('mix') or r.get('tensor') or 'keys ' + str(r.get('keys'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
     for r in results:
         if r["kind"] == "error":
             print(f"FAILED {r['name']}: {r['error'][:200]}")

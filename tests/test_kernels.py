@@ -440,6 +440,39 @@ def test_attend_vs_float64(shape):
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 
 
+# (H, d, T, K): Flash at a prefill block (256 queries; the raw window band, a masked run of compressed rows), a
+# tiny model's 4 heads of 64
+ATTEND_LONG_SHAPES = [(64, 512, 256, 700), (4, 64, 37, 90)] if GPU else [(16, 128, 7, 70), (4, 64, 9, 37)]
+# LONG_CONFIG, and others: two queries a program (a partial last query block when T is odd), half the heads,
+# more keys a block, one dot over all d and one output block
+ATTEND_LONG_CONFIGS = (None, (2, 32, 32, 64, 256, 8, 2), (1, 8, 64, 128, 512, 4, 1), (4, 16, 16, 32, 64, 4, 2))
+
+
+@pytest.mark.parametrize("shape", ATTEND_LONG_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attend_long_vs_float64(shape):
+    """The prefill attention kernel against model/attention.py attend in float64: fresh random queries, keys,
+    sinks; a sliding-window band like the raw keys' plus random visible compressed rows, one row seeing no key
+    (its output: 0), one a single key, a block of keys no row sees (skipped)."""
+    from ds4trt.model.attention import attend
+
+    H, d, T, K = shape
+    g = torch.Generator().manual_seed(_seed("attend_long", *shape))
+    q, k = torch.randn(T, H, d, generator=g) * 2, torch.randn(K, d, generator=g)
+    sinks = torch.randn(H, generator=g)
+    i, j = torch.arange(T)[:, None], torch.arange(K)[None, :]
+    mask = ((j >= i) & (j < i + K // 4)) | (torch.rand(T, K, generator=g) < 0.3) & (j >= K // 2)
+    mask[:, K // 2:K // 2 + 16] = False
+    mask[1] = False
+    mask[-1] = False
+    mask[-1, K - 1] = True
+    want = attend(q.double(), k.double(), mask, sinks.double())
+    for config in ATTEND_LONG_CONFIGS:
+        got = attn_triton.attend_long_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), config)
+        assert got.shape == want.shape
+        assert _rel(got, want) <= TOL, f"config {config}: relative error {_rel(got, want):.2e}"
+        assert float(got[1].abs().max()) == 0.0, f"config {config}: a row that sees no key"
+
+
 # (N, K): the router, a ratio-4 compressor, the indexer's query projection and per-head weights at Flash width; odd
 # sizes (a partial row tile, K not a multiple of the K tile)
 F16_SHAPES = [(256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (100, 200)] if GPU else [(64, 256), (37, 100)]

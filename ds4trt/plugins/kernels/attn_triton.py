@@ -20,9 +20,25 @@ to join grow), so calls of up to SMALL_KEYS keys take those (SMALL_CONFIG); at T
 ~129 raw keys) the first launch is 64 x 9 programs.
 A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
 layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
+
+    attend_long_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32) -> o [T, H, d], any T
+        (prefill chunks: the PyTorch version was two float32 GEMMs on the CUDA cores plus ~6 passes over the
+        [T, H, K] logits per block of queries)
+
+One launch, flash-attention style: program (query block, head block, output-dims block) holds the rows
+(t, h) of BT queries x HB heads (the heads of a query share its keys and mask: one shared K=V head) and walks the
+keys in blocks of BN, skipping a block none of its queries sees (a query sees ~W raw keys of the chunk's
+W-1+T and the compressed rows), with the online softmax (running maximum, sum, rescaled accumulator) and the
+sink added at the end. Both products run on the float16 tensor cores as three products of float16 parts
+(a = hi + lo to ~2^-22, _f16_parts; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
+as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at every useful tile
+shape). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the loop); each program
+accumulates DV of the d output dims, so the logits are recomputed d/DV times.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -35,6 +51,8 @@ CONFIG = (8, 4, 1)    # (keys per chunk KS, chunks per program CH, warps) of _at
 SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window layers: 129, a decode step's gathered
 # indexer rows: 641): in the third sweep 3-11 % faster than CONFIG there, much slower at 8321 (more partials to join)
 DB = 128         # output dims per program of _attend_join
+# (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_long
+LONG_CONFIG = (1, 64, 32, 32, 128, 4, 2)
 
 
 @triton.jit
@@ -119,4 +137,90 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
     db = min(DB, DP)
     _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
                                              NSP=triton.next_power_of_2(NS), DB=db, num_warps=4, **pdl)
+    return o
+
+
+@triton.jit
+def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, K, H: tl.constexpr, D: tl.constexpr,
+                 BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
+    """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
+    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (_f16_parts)."""
+    r = tl.arange(0, BT * HB)
+    t = tl.program_id(0) * BT + r // HB
+    h = tl.program_id(1) * HB + r % HB
+    tm = t < T
+    qrow = (t * H + h).to(tl.int64) * D                                                    # [M]
+    dv = tl.program_id(2) * DV + tl.arange(0, DV)
+    dc = tl.arange(0, DC)
+    mx = tl.full([BT * HB], float("-inf"), tl.float32)
+    total = tl.zeros([BT * HB], tl.float32)
+    acc = tl.zeros([BT * HB, DV], tl.float32)
+    kb = 0
+    while kb < K:       # (a while loop: Triton's interpreter cannot take a runtime range bound)
+        kk = kb + tl.arange(0, BN)
+        km = kk < K
+        vis = tl.load(m_ptr + t.to(tl.int64)[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0) != 0
+        if tl.max(tl.max(vis.to(tl.int32), axis=1), axis=0) > 0:      # a block none of the rows sees: skipped
+            krow = kk.to(tl.int64) * D
+            sc = tl.zeros([BT * HB, BN], tl.float32)
+            for c in range(0, D, DC):
+                qh = tl.load(qh_ptr + qrow[:, None] + c + dc[None, :], mask=tm[:, None], other=0.0)      # [M, DC]
+                ql = tl.load(ql_ptr + qrow[:, None] + c + dc[None, :], mask=tm[:, None], other=0.0)
+                kh = tl.trans(tl.load(kh_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
+                kl = tl.trans(tl.load(kl_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
+                sc = tl.dot(qh, kh, sc)                                                                 # [M, BN]
+                sc = tl.dot(ql, kh, sc)
+                sc = tl.dot(qh, kl, sc)
+            sc = tl.where(vis, sc * scale, float("-inf"))
+            top = tl.maximum(mx, tl.max(sc, axis=1))
+            base = tl.where(top == float("-inf"), 0.0, top)          # no key seen yet: 0 (never -inf - -inf)
+            p = tl.exp(sc - base[:, None])
+            carry = tl.exp(mx - base)
+            total = total * carry + tl.sum(p, axis=1)
+            ph = p.to(tl.float16)
+            pl = (p - ph.to(tl.float32)).to(tl.float16)
+            vh = tl.load(kh_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)                # [BN, DV]
+            vl = tl.load(kl_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)
+            acc = acc * carry[:, None]
+            acc = tl.dot(ph, vh, acc)
+            acc = tl.dot(pl, vh, acc)
+            acc = tl.dot(ph, vl, acc)
+            mx = top
+        kb += BN
+    sink = tl.load(s_ptr + h)
+    top = tl.maximum(mx, sink)
+    w = tl.exp(mx - top)
+    o = acc * (w / (total * w + tl.exp(sink - top)))[:, None]
+    tl.store(o_ptr + qrow[:, None] + dv[None, :], o, mask=tm[:, None])
+
+
+def _f16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 a -> (hi, lo) float16 with a = hi + lo to within ~2^-22 |a| (for |a| < 65504; lo is subnormal, so
+    coarser in relative terms, where |a| < ~0.1: a small absolute error)."""
+    hi = a.to(torch.float16)
+    return hi, (a - hi.float()).to(torch.float16)
+
+
+def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
+                       config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """model/attention.py attend for float32 q [T, H, d] (any T; d a power of two, at least 16), keys k [K, d],
+    mask bool [T, K], q and k within float16's range (the model's are RMS-normalized: |x| <= sqrt(d) |weight|).
+    config: LONG_CONFIG's fields, overriding it (sweeps); HB, DC and DV are capped at H and d, and BT raised to give
+    at least 16 rows (tl.dot's minimum)."""
+    T, H, D = q.shape
+    K = k.shape[0]
+    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or k.dtype != torch.float32 or k.shape != (K, D) \
+            or mask.shape != (T, K) or mask.dtype != torch.bool or sinks.shape != (H,):
+        raise ValueError(f"attend_long_triton: expected float32 q [T, H, d] (d a power of two, at least 16), k [K, d], "
+                         f"bool mask [T, K] and sinks [H], got q {q.dtype} {list(q.shape)}, k {k.dtype} "
+                         f"{list(k.shape)}, mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
+    bt, hb, bn, dc, dv, warps, stages = config or LONG_CONFIG
+    hb = math.gcd(hb, H)
+    bt = max(bt, triton.cdiv(16, hb))
+    dc, dv = min(dc, D), min(dv, D)
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(T, bt), H // hb, D // dv)
+    _attend_long[grid](*_f16_parts(q.contiguous()), *_f16_parts(k.contiguous()), mask.contiguous().view(torch.uint8),
+                       sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D, BT=bt, HB=hb, BN=bn, DC=dc, DV=dv,
+                       num_warps=warps, num_stages=stages)
     return o

@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, attend, index_score, top_rows
+from ds4trt.model.attention import Attention, index_score, top_rows
 from ds4trt.model.hc import hc_pre
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -123,11 +123,11 @@ def _(q, k, mask, sinks):
 
 
 def attend_kernel(q, k, mask, sinks):
-    """model/attention.py attend on this backend: one kernel for steps of up to attn_triton.MAX_T queries, else
-    the PyTorch version (prefill chunks)."""
+    """model/attention.py attend on this backend: one kernel for steps of up to attn_triton.MAX_T queries (split
+    over the keys), else the flash-attention kernel (prefill chunks)."""
     if q.shape[0] <= attn_triton.MAX_T:
         return attend_op(q, k, mask, sinks)
-    return attend(q, k, mask, sinks)
+    return attn_triton.attend_long_triton(q, k, mask, sinks)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
