@@ -89,11 +89,10 @@ ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
 # (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
 ATTEND_SWEEP = ((32, 1, 8), (8, 4, 2), (8, 8, 1), (4, 8, 1), (4, 4, 1), (4, 16, 1), (8, 2, 1))
 # (BT, HB, BN, DC, DV, warps, stages) of _attend_long; the default is attn_triton.LONG_CONFIG
-ATTEND_LONG_SWEEP = ((1, 64, 32, 64, 128, 4, 2), (1, 64, 64, 32, 128, 4, 2), (1, 64, 32, 64, 256, 4, 3),
-                     (1, 64, 32, 64, 256, 4, 2), (2, 64, 32, 64, 128, 8, 2), (2, 64, 32, 32, 128, 8, 2),
-                     (2, 64, 64, 32, 128, 8, 2), (1, 16, 32, 64, 512, 4, 2), (1, 64, 32, 64, 256, 8, 2),
-                     (2, 32, 32, 64, 256, 8, 2), (4, 16, 32, 64, 256, 4, 2), (1, 64, 16, 32, 128, 4, 2),
-                     (1, 64, 32, 32, 128, 4, 3), (1, 64, 32, 32, 64, 4, 2))
+ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2, 64, 64, 64, 128, 8, 3),
+                     (2, 64, 64, 64, 256, 8, 3), (1, 64, 128, 64, 128, 4, 3), (1, 64, 128, 32, 128, 4, 3),
+                     (1, 64, 128, 64, 256, 8, 3), (4, 16, 32, 64, 256, 4, 3), (4, 16, 64, 64, 256, 4, 3),
+                     (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
@@ -322,15 +321,17 @@ def long_attention_block(ratio: int, a: int = 768, qb: int = 256, start: int = 1
                          ctx: int = 4096, W: int = 128) -> tuple[int, torch.Tensor]:
     """(K, mask [qb, K]) of model/attention.py's query block a..a+qb-1 of a chunk of T tokens at `start`: the raw
     window keys a .. a+qb+W-2 (a band of W per query) and, for ratio R, the compressed cache (ctx / R rows, the
-    start / R first visible) and the chunk's T new rows (every R-th emitted), up to the block's last query; on
-    ratio-4 layers the indexer keeps its top-k = 512 of them, here all (at most 512 are visible)."""
+    start / R first visible) and the rows of the chunk's T // R + 1 tokens that may emit (every R-th), each visible
+    from its token on; on ratio-4 layers the indexer keeps its top-k = 512 of them, here all (at most 512 are
+    visible)."""
     i = torch.arange(qb, device=DEV)[:, None]
     raw = torch.arange(qb + W - 1, device=DEV)[None, :]
     masks = [(raw >= i) & (raw < i + W)]
     if ratio:
-        kc, new = ctx // ratio, torch.arange(a + qb, device=DEV)[None, :]
+        kc = ctx // ratio
+        new = (ratio - 1 - start) % ratio + ratio * torch.arange(T // ratio + 1, device=DEV)[None, :]
         masks.append((torch.arange(kc, device=DEV) < start // ratio)[None, :].expand(qb, kc))
-        masks.append(((start + new + 1) % ratio == 0) & (new <= a + i))
+        masks.append((new < T) & (new <= a + i))
     mask = torch.cat(masks, dim=1)
     return mask.shape[1], mask
 

@@ -190,6 +190,7 @@ class Attention(nn.Module):
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
             comp = torch.cat([cache.comp, rows.comp], dim=0)                                 # [Kc+T, d]
+            whole = True                                                                    # (not gathered)
             if self.ratio == 4:
                 rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
@@ -203,6 +204,7 @@ class Attention(nn.Module):
                     own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
                     comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
                     comp = comp[top.reshape(-1)]                                              # [T*k, d]
+                    whole = False
                 else:
                     # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
                     # ScatterElements has no BOOL
@@ -214,18 +216,30 @@ class Attention(nn.Module):
             o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T or T*k), d]
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
-            # a .. b+W-2 (the windows of its queries) and compressed rows up to Kc+b-1 (emitted by its last query);
-            # the keys left out are masked for the whole block, so the values are the same
+            # a .. b+W-2 (the windows of its queries) and the compressed rows, of the chunk's only those that emit
+            # (1 in R); the keys left out are masked for the whole block, so the values are the same
+            if self.ratio and whole:
+                keys[1], masks[1] = self._emitting_rows(keys[1], masks[1], start, T)
             blocks = []
             for a in range(0, T, QUERY_BLOCK):
                 b = min(a + QUERY_BLOCK, T)
-                spans = [(a, b + W - 1)] + [(0, g.shape[0] - T + b) for g in keys[1:]]
+                spans = [(a, b + W - 1)] + [(0, g.shape[0]) for g in keys[1:]]
                 kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
                 mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
                 blocks.append(self._attend(q[a:b], kb, mb))
             o = torch.cat(blocks)                                   # [T, H, d]
         o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
+
+    def _emitting_rows(self, comp: torch.Tensor, visible: torch.Tensor, start: torch.Tensor, T: int):
+        """comp [Kc+T, d]: the compressed cache, then the rows of the chunk's T tokens (zero where a token emits
+        none, and never visible); visible [T, Kc+T] -> the cache and the rows of the n = T // R + 1 tokens that may
+        emit (1 in R; the last may lie past T: masked): [Kc+n, d], [T, Kc+n]."""
+        R, Kc = self.ratio, comp.shape[0] - T
+        new = torch.remainder(R - 1 - start, R) + R * torch.arange(T // R + 1, device=comp.device)     # [n]
+        cols = torch.cat([torch.arange(Kc, device=comp.device), Kc + torch.clamp(new, max=T - 1)])
+        keep = torch.cat([torch.ones(Kc, dtype=torch.bool, device=comp.device), new < T])
+        return comp[cols], visible[:, cols] & keep[None, :]
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
