@@ -440,6 +440,22 @@ def test_attend_vs_float64(shape):
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 
 
+@pytest.mark.parametrize("D", [4096, 300] if GPU else [64, 40])
+def test_hc_post_vs_float64(D):
+    """The prefill chunks' stream update against model/hc.py hc_post in float64 (fresh random f, X, post, comb;
+    a D that is not a multiple of the kernel's block of dims)."""
+    from ds4trt.model.hc import hc_post
+
+    g = torch.Generator().manual_seed(_seed("hc_post", D))
+    S = 4
+    for T in ((1, 17, 300) if GPU else (1, 5)):
+        f, X = torch.randn(T, D, generator=g), torch.randn(T, S, D, generator=g) * 2
+        post, comb = torch.rand(T, S, generator=g) * 2, torch.rand(T, S, S, generator=g)
+        want = hc_post(f.double(), X.double(), post.double(), comb.double())
+        got = hc_triton.hc_post_triton(*(a.to(DEVICE) for a in (f, X, post, comb)))
+        assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+
+
 # (H, d, T, K): Flash at a prefill block (256 queries; the raw window band, a masked run of compressed rows), a
 # tiny model's 4 heads of 64
 ATTEND_LONG_SHAPES = [(64, 512, 256, 700), (4, 64, 37, 90)] if GPU else [(16, 128, 7, 70), (4, 64, 9, 37)]
@@ -599,7 +615,7 @@ def test_every_variant_compiles_for_sm90():
         from ds4trt.testing import warmups as W
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, moe_triton as M, q8_triton as Q
         sys.path.insert(0, "scripts")
-        from bench_kernels import ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
+        from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         n = 0
         def ok(k):
             # launch limits the interpreter cannot see: dynamic shared memory per block (227 KB on sm_90)
@@ -641,6 +657,8 @@ def test_every_variant_compiles_for_sm90():
             ok(W.attend_join(K, ks, ch))
         ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
+        ok(W.hc_post(4, 4096))
+        ok(W.attend_long(A.LONG_CONFIG))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
             for t in (16, 10, 12):
@@ -652,6 +670,8 @@ def test_every_variant_compiles_for_sm90():
                 ok(W.q8_rows(4096, br, w, 2, 8, T))
         for ks, ch, w in ATTEND_SWEEP:
             ok(W.attend_part(1153, ks, ch, w))
+        for config in ATTEND_LONG_SWEEP:
+            ok(W.attend_long(config))
         for br, bk in F16_SWEEP:
             for T in (1, 4):
                 ok(W.f16_rows(2624, 4096, T, br, bk))

@@ -56,12 +56,16 @@ class HyperConnection(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.reduce = hc_pre             # a backend may set a fused kernel with hc_pre's signature
+        self.combine = hc_post           # and with hc_post's
         self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
             _param(w(prefix + "_base.weight"))
 
     def pre(self, X):
         c = self.cfg
         return self.reduce(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters)
+
+    def post(self, f, X, post, comb):
+        return self.combine(f, X, post, comb)
 
 
 class Block(nn.Module):
@@ -80,9 +84,9 @@ class Block(nn.Module):
         """X: [T, S, D] -> [T, S, D], LayerRows"""
         y, post, comb = self.hc_attn.pre(X)
         a, rows = self.attn(y, start, cache)
-        X = hc_post(a, X, post, comb)
+        X = self.hc_attn.post(a, X, post, comb)
         y, post, comb = self.hc_ffn.pre(X)
-        return hc_post(self.ffn(y, tokens), X, post, comb), rows
+        return self.hc_ffn.post(self.ffn(y, tokens), X, post, comb), rows
 
 
 @dataclass

@@ -130,6 +130,11 @@ def hc_dots(S: int, D: int):
                              num_warps=4, **LAUNCH)
 
 
+def hc_post(S: int, D: int):
+    """the prefill kernel (no PDL)"""
+    return hc_triton._hc_post.warmup(F32, F32, F32, F32, F32, S=S, D=D, DB=1024, num_warps=4, grid=(1,))
+
+
 def hc_combine(S: int, D: int):
     H = hc_triton
     return H._hc_combine.warmup(F32, F32, F32, F32, F32, F32, F32, F32, F32, 1e-6, 1e-6, ITERS=20, S=S, D=D, MP=32,

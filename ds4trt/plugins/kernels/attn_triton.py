@@ -52,7 +52,8 @@ SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window lay
 # indexer rows: 641): in the third sweep 3-11 % faster than CONFIG there, much slower at 8321 (more partials to join)
 DB = 128         # output dims per program of _attend_join
 # (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_long
-LONG_CONFIG = (1, 64, 32, 64, 256, 4, 3)
+LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
+# at (1, 64, 32, 64, 256, 4, 3) for a ratio-4 / window / ratio-128 block of 256 queries (BENCHMARKS.md)
 
 
 @triton.jit

@@ -38,7 +38,7 @@ import torch.nn as nn
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, index_score, top_rows
-from ds4trt.model.hc import hc_pre
+from ds4trt.model.hc import hc_post, hc_pre
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.mtp import MTPHead
@@ -193,6 +193,14 @@ def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters:
     return hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, hc_mix_op)
 
 
+def hc_combine(f, X, post, comb):
+    """model/hc.py hc_post on this backend: the PyTorch version for steps of up to hc_triton.MAX_T tokens (a
+    compiled step fuses it), else one kernel (prefill chunks)."""
+    if X.shape[0] <= hc_triton.MAX_T:
+        return hc_post(f, X, post, comb)
+    return hc_triton.hc_post_triton(f, X, post, comb)
+
+
 class Q8Linear(nn.Module):
     """x @ W.T with W kept as Q8_0 values (model/linear.py's contract, groups included): the GGUF blocks split
     into quants uint8 [N, K] and scales f16 [N, K/32] (q8_triton.split_q8: the same bytes)."""
@@ -345,12 +353,13 @@ def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
+    route_kernel), and so do a prefill chunk's attention and stream update (attend_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
     kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
             m.reduce = hc_reduce
+            m.combine = hc_combine
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.index_score = index_score_kernel
