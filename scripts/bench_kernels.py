@@ -17,6 +17,8 @@ zeros; the kernels' time does not depend on the values):
   2b'. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
       chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py
       forms), and the PyTorch attend it replaces, for comparison (timed eagerly);
+  2b''. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
+      a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
   2c. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
@@ -49,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ds4trt.model.attention import top_rows  # noqa: E402
 from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
+from ds4trt.plugins.kernels import index_triton as I  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 from ds4trt.plugins.kernels import topk_triton as TK  # noqa: E402
@@ -93,6 +96,8 @@ ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2,
                      (2, 64, 64, 64, 256, 8, 3), (1, 64, 128, 64, 128, 4, 3), (1, 64, 128, 32, 128, 4, 3),
                      (1, 64, 128, 64, 256, 8, 3), (4, 16, 32, 64, 256, 4, 3), (4, 16, 64, 64, 256, 4, 3),
                      (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
+# (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
+INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
@@ -363,6 +368,26 @@ def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
                                   config=list(cfg))))
 
 
+def bench_index_long(bw: float, results: list, sweeps: list | None) -> None:
+    """index_score_long_triton and model/attention.py index_score on one prefill block of 256 queries (64 heads of
+    128) over 1553 compressed rows; eager medians (do_bench)."""
+    from ds4trt.model.attention import index_score
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    T, nh, di, K = 256, 64, 128, 1553
+    w, q = torch.randn(T, nh, device=DEV, generator=gen), torch.randn(T, nh, di, device=DEV, generator=gen)
+    keys = torch.randn(K, di, device=DEV, generator=gen)
+    nbytes = (q.numel() + keys.numel() + w.numel() + T * K) * 4
+    for name, fn in ((f"index_score_long {K} rows", lambda: I.index_score_long_triton(w, q, keys)),
+                     (f"torch index_score {K} rows", lambda: index_score(w, q, keys))):
+        guarded(name, results, lambda fn=fn, name=name: results.append(case(
+            name, T, nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw, kind="index_long", keys=K)))
+    for cfg in INDEX_LONG_SWEEP if sweeps is not None else ():
+        sweeps.append(lambda cfg=cfg: results.append(case(
+            f"  sweep config={cfg}", T, nbytes, do_bench(lambda: I.index_score_long_triton(w, q, keys, cfg), warmup=3,
+                                                         rep=50, return_mode="median"), bw,
+            kind="sweep_index_long", keys=K, config=list(cfg))))
+
+
 def bench_topk(bw: float, results: list) -> None:
     """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
     the stable torch.sort + slice of model/attention.py top_rows on the same scores."""
@@ -401,9 +426,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,topk,q4",
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,topk,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, attend_long "
-                         "(prefill), topk, q4 (moe)")
+                         "(prefill), index_long (prefill), topk, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -430,6 +455,8 @@ def main() -> int:
         bench_attend(bw, l2, results, sweeps)
     if "attend_long" in cases:
         bench_attend_long(bw, results, sweeps)
+    if "index_long" in cases:
+        bench_index_long(bw, results, sweeps)
     if "topk" in cases:
         bench_topk(bw, results)
     if "q4" in cases:

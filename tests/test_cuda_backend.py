@@ -167,7 +167,7 @@ def test_dequant_bf16_parts_equals_the_torch_split(K):
         got = q8_triton.dequant_bf16_parts(quants, scales, K).cpu()
         w = q8_triton.dequantize(quants, scales, K)
         want = cuda.weight_bf16_parts(w).cpu()
-        assert got.dtype == torch.bfloat16 and got.shape == (N, 4 * K)
+        assert got.dtype == torch.bfloat16 and got.shape == (N, 3 * K)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"N = {N}: parts differ"
         hi, lo = _truncated_bf16_parts(w.cpu())
         assert (hi != want[:, :K].view(torch.int16)).any() and (lo != want[:, K:2 * K].view(torch.int16)).any()
@@ -183,7 +183,7 @@ def _truncated_bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @gpu_only
 @pytest.mark.parametrize("groups", [1, 8])
 def test_project_bf16_parts_vs_float64(groups):
-    """Long prefill chunks' products on the bf16 tensor cores (x and the weight in two bf16 parts each, four
+    """Long prefill chunks' products on the bf16 tensor cores (x and the weight in two bf16 parts each, three
     products in one GEMM) against float64, fresh random rows of several magnitudes: within 1e-5 relative."""
     from ds4trt.model.linear import project
 

@@ -527,6 +527,24 @@ def test_index_score_vs_float64(shape):
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
 
 
+@pytest.mark.parametrize("shape", INDEX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_index_score_long_vs_float64(shape):
+    """The prefill chunks' indexer-score kernel against model/attention.py index_score in float64 (fresh random
+    inputs; T past a whole number of query blocks, K past a whole number of key blocks), at LONG_CONFIG and
+    another shape."""
+    from ds4trt.model.attention import index_score
+
+    nh, di, K = shape
+    g = torch.Generator().manual_seed(_seed("index_long", *shape))
+    T = 300 if GPU else 19
+    w, q, keys = torch.randn(T, nh, generator=g), torch.randn(T, nh, di, generator=g), torch.randn(K, di, generator=g)
+    want = index_score(w.double(), q.double(), keys.double())
+    for config in (None, (32, 8, 4)):
+        got = index_triton.index_score_long_triton(w.to(DEVICE), q.to(DEVICE), keys.to(DEVICE), config)
+        assert got.shape == want.shape
+        assert _rel(got, want) <= TOL, f"config {config}: relative error {_rel(got, want):.2e}"
+
+
 # (E experts, k chosen): Flash's router, the tiny models'
 ROUTE_SHAPES = [(256, 6), (8, 2)]
 
@@ -613,7 +631,8 @@ def test_every_variant_compiles_for_sm90():
         from ds4trt.testing.sm90 import activate, sass_stats
         activate()
         from ds4trt.testing import warmups as W
-        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, moe_triton as M, q8_triton as Q
+        from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, index_triton as I, moe_triton as M, \
+            q8_triton as Q
         sys.path.insert(0, "scripts")
         from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         n = 0
@@ -651,6 +670,7 @@ def test_every_variant_compiles_for_sm90():
             for T in range(1, F16.MAX_T + 1):
                 ok(W.f16_rows(N, K, T, *F16.launch_shape(N, K, T)))
         ok(W.index_score())
+        ok(W.index_score_long(*I.LONG_CONFIG))
         for K in (194, 1154):
             ks, ch, w = A.SMALL_CONFIG if K <= A.SMALL_KEYS else A.CONFIG
             ok(W.attend_part(K, ks, ch, w))

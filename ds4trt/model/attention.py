@@ -188,14 +188,20 @@ class Attention(nn.Module):
             emits = torch.remainder(pos + 1, R) == 0
             old_vis = (torch.arange(cache.comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)   # [T, Kc]
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
+            comp_new = rows.comp
+            if T > QUERY_BLOCK:
+                # a long chunk: of its new rows only those of the tokens that may emit (1 in R); the others are
+                # zero and never visible. Fewer keys for the indexer and the attention, the same values.
+                new, ok = self._emitting(start, T)                                             # [n]
+                new_vis, comp_new = new_vis[:, new] & ok[None, :], rows.comp[new]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
-            comp = torch.cat([cache.comp, rows.comp], dim=0)                                 # [Kc+T, d]
-            whole = True                                                                    # (not gathered)
+            comp = torch.cat([cache.comp, comp_new], dim=0)                                  # [Kc+T or Kc+n, d]
             if self.ratio == 4:
                 rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
-                top = self._indexer_top(uc[4], qn, pos, cache.index, rows.index, comp_vis)     # [T, k]
+                index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
+                top = self._indexer_top(uc[4], qn, pos, cache.index, index_new, comp_vis)      # [T, k]
                 if T <= GATHER_T and top.shape[1] < comp.shape[0]:
                     # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
                     # context): row t sees block t of the gathered rows, where they are visible (the attention
@@ -204,7 +210,6 @@ class Attention(nn.Module):
                     own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
                     comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
                     comp = comp[top.reshape(-1)]                                              # [T*k, d]
-                    whole = False
                 else:
                     # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
                     # ScatterElements has no BOOL
@@ -216,10 +221,8 @@ class Attention(nn.Module):
             o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T or T*k), d]
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
-            # a .. b+W-2 (the windows of its queries) and the compressed rows, of the chunk's only those that emit
-            # (1 in R); the keys left out are masked for the whole block, so the values are the same
-            if self.ratio and whole:
-                keys[1], masks[1] = self._emitting_rows(keys[1], masks[1], start, T)
+            # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the
+            # whole block, so the values are the same
             blocks = []
             for a in range(0, T, QUERY_BLOCK):
                 b = min(a + QUERY_BLOCK, T)
@@ -231,15 +234,13 @@ class Attention(nn.Module):
         o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 
-    def _emitting_rows(self, comp: torch.Tensor, visible: torch.Tensor, start: torch.Tensor, T: int):
-        """comp [Kc+T, d]: the compressed cache, then the rows of the chunk's T tokens (zero where a token emits
-        none, and never visible); visible [T, Kc+T] -> the cache and the rows of the n = T // R + 1 tokens that may
-        emit (1 in R; the last may lie past T: masked): [Kc+n, d], [T, Kc+n]."""
-        R, Kc = self.ratio, comp.shape[0] - T
-        new = torch.remainder(R - 1 - start, R) + R * torch.arange(T // R + 1, device=comp.device)     # [n]
-        cols = torch.cat([torch.arange(Kc, device=comp.device), Kc + torch.clamp(new, max=T - 1)])
-        keep = torch.cat([torch.ones(Kc, dtype=torch.bool, device=comp.device), new < T])
-        return comp[cols], visible[:, cols] & keep[None, :]
+    def _emitting(self, start: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's tokens (indices 0..T-1) that may emit a compressed row: the n = T // R + 1 positions p with
+        (p + 1) % R == 0 from the first on, the last clamped to T - 1 where it lies past the chunk -> new [n] int64,
+        ok [n] bool (False for such a clamped one)."""
+        R = self.ratio
+        new = torch.remainder(R - 1 - start, R) + R * torch.arange(T // R + 1, device=start.device)
+        return torch.clamp(new, max=T - 1), new < T
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""

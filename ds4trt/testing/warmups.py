@@ -106,6 +106,12 @@ def index_score(keys: int = 513, heads: int = 64, di: int = 128):
                                             KB=index_triton.KB, num_warps=4, **LAUNCH)
 
 
+def index_score_long(bn: int, tb: int, warps: int, NH: int = 64, DI: int = 128):
+    """the prefill kernel (no PDL)"""
+    return index_triton._index_score_long.warmup(F32, F16, F16, F16, F16, F32, 2048, 1553, NH, NHP=NH, DI=DI, BN=bn,
+                                                 TB=tb, num_warps=warps, grid=(1,))
+
+
 def attend_part(K: int, ks: int, ch: int, warps: int, H: int = 64, D: int = 512):
     return attn_triton._attend_part.warmup(F32, F32, U8, F32, F32, F32, 0.04, K=K, H=H, D=D, DP=D, KS=ks, CH=ch,
                                            NS=-(-K // (ks * ch)), num_warps=warps, **LAUNCH)

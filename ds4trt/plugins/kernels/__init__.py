@@ -1,4 +1,4 @@
-"""Triton kernels for the custom ops (one file per op; each file self-contained).
+"""Triton kernels for the custom ops (one file per op).
 
     moe_triton.moe_forward        ds4::MoE (plugins/moe.py) on GGUF expert blocks: IQ2_XXS, Q2_K, Q4_K
     moe_triton.dequant_rows_triton  whole rows of such blocks -> float32 (a test and debugging aid)
@@ -7,8 +7,12 @@
     f16_triton.f16_matmul         x @ W.T for an F16 matrix kept as float16 (router, compressors, indexer), T <= 4
     hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
     hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
+    hc_triton.hc_post_triton      the streams' update (model/hc.py hc_post) of a prefill chunk
     attn_triton.attend_triton     attention over given keys and mask with sinks (model/attention.py attend), T <= 16
-    index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score)
+    attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)
+    index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score),
+                                  T <= 16; index_score_long_triton for prefill chunks
+    parts.f16_parts               float32 operands as float16 hi + lo parts (the prefill kernels' tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)

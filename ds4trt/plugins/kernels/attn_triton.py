@@ -30,7 +30,7 @@ One launch, flash-attention style: program (query block, head block, output-dims
 keys in blocks of BN, skipping a block none of its queries sees (a query sees ~W raw keys of the chunk's
 W-1+T and the compressed rows), with the online softmax (running maximum, sum, rescaled accumulator) and the
 sink added at the end. Both products run on the float16 tensor cores as three products of float16 parts
-(a = hi + lo to ~2^-22, _f16_parts; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
+(parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
 as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at every useful tile
 shape). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the loop); each program
 accumulates DV of the d output dims, so the logits are recomputed d/DV times.
@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.parts import f16_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
@@ -145,7 +146,7 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
 def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, K, H: tl.constexpr, D: tl.constexpr,
                  BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
     """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
-    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (_f16_parts)."""
+    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.f16_parts)."""
     r = tl.arange(0, BT * HB)
     t = tl.program_id(0) * BT + r // HB
     h = tl.program_id(1) * HB + r % HB
@@ -195,13 +196,6 @@ def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, 
     tl.store(o_ptr + qrow[:, None] + dv[None, :], o, mask=tm[:, None])
 
 
-def _f16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 a -> (hi, lo) float16 with a = hi + lo to within ~2^-22 |a| (for |a| < 65504; lo is subnormal, so
-    coarser in relative terms, where |a| < ~0.1: a small absolute error)."""
-    hi = a.to(torch.float16)
-    return hi, (a - hi.float()).to(torch.float16)
-
-
 def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
                        config: tuple[int, ...] | None = None) -> torch.Tensor:
     """model/attention.py attend for float32 q [T, H, d] (any T; d a power of two, at least 16), keys k [K, d],
@@ -221,7 +215,7 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q)
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
-    _attend_long[grid](*_f16_parts(q.contiguous()), *_f16_parts(k.contiguous()), mask.contiguous().view(torch.uint8),
+    _attend_long[grid](*f16_parts(q.contiguous()), *f16_parts(k.contiguous()), mask.contiguous().view(torch.uint8),
                        sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D, BT=bt, HB=hb, BN=bn, DC=dc, DV=dv,
                        num_warps=warps, num_stages=stages)
     return o

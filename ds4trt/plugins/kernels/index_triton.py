@@ -2,6 +2,7 @@
 and compressed row k, sum over the heads h of w[t, h] * relu(q[t, h] . key[k]).
 
     index_score_triton(w [T, nh] f32, q [T, nh, di] f32, keys [K, di] f32) -> [T, K] f32, T <= MAX_T
+    index_score_long_triton(the same) for any T (prefill chunks)
 
 One launch, grid (T, K / KB): a program loads KB keys and the row's queries of all heads (padded to a power of two,
 at least 16) and forms their [heads, KB] products as one float32 tl.dot ("ieee": FMA, no tf32 rounding), then the
@@ -9,6 +10,12 @@ relu and the weighted sum over the heads, so the [T, nh, K] products are never s
 dot per head, took 15.7 us for 65 keys: 64 dependent reductions.) In the compiled PyTorch step the same
 scores were a cuBLAS SGEMM with a split-K reduction, a division, the relu and a batched GEMV (~13 us per indexer
 layer at Flash width, 2k context, on the H200: the 4-layer trace in BENCHMARKS.md).
+
+The long version turns the loops around: program (key block, query block) keeps its BN keys (as float16 parts,
+parts.py) while it walks TB queries, each one dot of [heads, di] x [di, BN] as three float16 tensor-core products
+(~2e-7 relative), then the relu and the weighted sum; each query's q is read once per key block. (The short
+kernel at long T re-read every query's q per 16 keys; in a 2048-token prefill the float32 einsums took ~4.4 ms
+per indexer layer at Flash width on the H200.)
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.parts import f16_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
 KB = 16          # keys per program
+LONG_CONFIG = (64, 16, 4)    # (keys BN, queries TB, warps) per program of _index_score_long
 
 
 @triton.jit
@@ -55,4 +64,50 @@ def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> 
         _index_score[(T, triton.cdiv(K, KB))](w.contiguous(), q.contiguous(), keys.contiguous(), out, K, NH,
                                                NHP=max(16, triton.next_power_of_2(NH)), DI=DI, KB=KB, num_warps=4,
                                                **pdl_launch(q.device))
+    return out
+
+
+@triton.jit
+def _index_score_long(w_ptr, qh_ptr, ql_ptr, kh_ptr, kl_ptr, out_ptr, T, K, NH, NHP: tl.constexpr,
+                      DI: tl.constexpr, BN: tl.constexpr, TB: tl.constexpr):
+    """Program (j, i): keys j*BN.., queries i*TB.. (q and keys as float16 parts hi + lo)."""
+    kk = tl.program_id(0) * BN + tl.arange(0, BN)
+    km = kk < K
+    c = tl.arange(0, DI)
+    h = tl.arange(0, NHP)
+    hm = h < NH
+    krow = kk.to(tl.int64)[:, None] * DI + c[None, :]
+    kh = tl.trans(tl.load(kh_ptr + krow, mask=km[:, None], other=0.0))                           # [DI, BN]
+    kl = tl.trans(tl.load(kl_ptr + krow, mask=km[:, None], other=0.0))
+    for i in range(TB):
+        t = tl.program_id(1) * TB + i
+        if t < T:
+            qrow = (t * NH + h[:, None]).to(tl.int64) * DI + c[None, :]
+            qh = tl.load(qh_ptr + qrow, mask=hm[:, None], other=0.0)                                 # [NHP, DI]
+            ql = tl.load(ql_ptr + qrow, mask=hm[:, None], other=0.0)
+            s = tl.dot(qh, kh)
+            s = tl.dot(ql, kh, s)
+            s = tl.dot(qh, kl, s)                                                                    # [NHP, BN]
+            w = tl.load(w_ptr + t * NH + h, mask=hm, other=0.0)
+            tl.store(out_ptr + t.to(tl.int64) * K + kk, tl.sum(w[:, None] * tl.maximum(s, 0.0), axis=0), mask=km)
+
+
+def index_score_long_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
+                            config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """model/attention.py index_score for float32 w [T, nh], q [T, nh, di] (any T; di a power of two, at least 16),
+    keys [K, di], q and keys within float16's range (the model's are FP4-rounded). config: LONG_CONFIG's fields,
+    overriding it (sweeps)."""
+    T, NH, DI = q.shape
+    K = keys.shape[0]
+    if DI & (DI - 1) or DI < 16 or w.shape != (T, NH) or keys.shape != (K, DI) \
+            or not all(x.dtype == torch.float32 for x in (w, q, keys)):
+        raise ValueError(f"index_score_long_triton: expected float32 w [T, nh], q [T, nh, di] (di a power of two, at "
+                         f"least 16), keys [K, di]; got w {w.dtype} {list(w.shape)}, q {q.dtype} {list(q.shape)}, "
+                         f"keys {keys.dtype} {list(keys.shape)}")
+    bn, tb, warps = config or LONG_CONFIG
+    out = torch.empty(T, K, dtype=torch.float32, device=q.device)
+    if T and K:
+        _index_score_long[(triton.cdiv(K, bn), triton.cdiv(T, tb))](
+            w.contiguous(), *f16_parts(q.contiguous()), *f16_parts(keys.contiguous()), out, T, K, NH,
+            NHP=max(16, triton.next_power_of_2(NH)), DI=DI, BN=bn, TB=tb, num_warps=warps)
     return out

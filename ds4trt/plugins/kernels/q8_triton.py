@@ -5,7 +5,7 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
-    dequant_bf16_parts(quants, scales, K) -> bfloat16 [N, 4K]: each row's values d * q as hi | lo | hi | lo, bf16
+    dequant_bf16_parts(quants, scales, K) -> bfloat16 [N, 3K]: each row's values d * q as hi | lo | hi, bf16
         parts with d * q = hi + lo (to 2^-17 of |d * q|), the weight operand of the CUDA backend's long prefill
         chunks (runtime/backends/cuda.py project_bf16_parts).
 
@@ -172,7 +172,7 @@ def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexp
 @triton.jit
 def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                    PDL: tl.constexpr):
-    """Program (p, s): rows p*BR.. and values s*BK.. of out int16 [N, 4K], each row hi | lo | hi | lo (the bf16 bits
+    """Program (p, s): rows p*BR.. and values s*BK.. of out int16 [N, 3K], each row hi | lo | hi (the bf16 bits
     of the values d * q and of their residuals); rows past N and blocks past K masked. Tile [row, block, value in
     block]: one scale load per block, and each word of 4 quants is one 4-byte load (split_q8 keeps them together)."""
     pdl_enter(PDL)
@@ -189,11 +189,10 @@ def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, 
     value = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32)             # [BR, BK/32, 32] = q * d, exact
     hi = _bf16_bits(value)
     lo = _bf16_bits(value - (hi << 16).to(tl.float32, bitcast=True))              # the residual is exact in float32
-    o = out_ptr + r * (4 * K) + k
+    o = out_ptr + r * (3 * K) + k
     tl.store(o, hi.to(tl.int16), mask=mask)
     tl.store(o + K, lo.to(tl.int16), mask=mask)
     tl.store(o + 2 * K, hi.to(tl.int16), mask=mask)
-    tl.store(o + 3 * K, lo.to(tl.int16), mask=mask)
 
 
 @triton.jit
@@ -309,7 +308,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
 
 
 def dequant_bf16_parts(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
-    """split_q8's arrays of an [N, K] weight -> bfloat16 [N, 4K]: row n is hi | lo | hi | lo with hi the value d * q
+    """split_q8's arrays of an [N, K] weight -> bfloat16 [N, 3K]: row n is hi | lo | hi with hi the value d * q
     rounded to bf16 (to nearest even) and lo the residual d * q - hi rounded likewise (bit for bit torch's
     .to(torch.bfloat16) of the float32 values and residuals)."""
     N, KP = quants.shape
@@ -317,7 +316,7 @@ def dequant_bf16_parts(quants: torch.Tensor, scales: torch.Tensor, K: int) -> to
             or scales.shape != (N, KP // QK) or scales.device != quants.device:
         raise ValueError(f"dequant_bf16_parts: expected split_q8 arrays of an [N, {K}] weight, got quants "
                          f"{quants.dtype} {list(quants.shape)}, scales {scales.dtype} {list(scales.shape)}")
-    out = torch.empty(N, 4 * K, dtype=torch.bfloat16, device=quants.device)
+    out = torch.empty(N, 3 * K, dtype=torch.bfloat16, device=quants.device)
     grid = (triton.cdiv(N, PARTS_BR), triton.cdiv(K, PARTS_BK))
     _dequant_parts[grid](quants.contiguous(), scales.contiguous(), out.view(torch.int16), N, K=K, BR=PARTS_BR,
                          BK=PARTS_BK, num_warps=PARTS_WARPS, **pdl_launch(quants.device))

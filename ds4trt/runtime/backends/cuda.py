@@ -9,7 +9,7 @@ bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K bloc
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at a time into bf16 parts for a bf16
 tensor-core product (project_bf16_parts, ~4e-6 relative): a Q8_0 weight by one kernel from its blocks
-(q8_triton.dequant_bf16_parts, ~9 bytes of traffic per weight value, no float32 copy).
+(q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton).
@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, index_score, top_rows
+from ds4trt.model.attention import Attention, top_rows
 from ds4trt.model.hc import hc_post, hc_pre
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -58,9 +58,9 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
-# BENCHMARKS.md, 8ab5ede) chunks of 1024 / 2048 prefilled a 2048-token prompt at 1153 / 1210 tokens/s and a
-# 4096-token one at 1190 / 1139, with peaks of 84.2 / 85.1 GiB.
-PREFILL_CHUNK = 1024
+# BENCHMARKS.md, 14767a2, with the prefill attention kernel) chunks of 1024 / 2048 prefilled a 2048-token prompt at
+# 1502 / 1721 tokens/s and a 4096-token one at 1448 / 1672, with peaks of 84.2 / 86.2 GiB.
+PREFILL_CHUNK = 2048
 
 
 # The kernels as PyTorch custom ops: opaque to torch.compile (which fuses the glue around them) and to CUDA graphs.
@@ -142,10 +142,10 @@ def _(w, q, keys):
 
 def index_score_kernel(w, q, keys):
     """model/attention.py index_score on this backend: one kernel for steps of up to index_triton.MAX_T queries,
-    else the PyTorch version (prefill chunks)."""
+    another for prefill chunks."""
     if q.shape[0] <= index_triton.MAX_T:
         return index_score_op(w, q, keys)
-    return index_score(w, q, keys)
+    return index_triton.index_score_long_triton(w, q, keys)
 
 
 @torch.library.custom_op("ds4trt::top_rows", mutates_args=())
@@ -232,23 +232,23 @@ def _bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
-    """float32 [N, K] -> bfloat16 [N, 4K], row n = hi | lo | hi | lo (_bf16_parts): project_bf16_parts' weight operand
+    """float32 [N, K] -> bfloat16 [N, 3K], row n = hi | lo | hi (_bf16_parts): project_bf16_parts' weight operand
     (q8_triton.dequant_bf16_parts makes the same from Q8_0 blocks)."""
     wh, wl = _bf16_parts(weight)
-    return torch.cat((wh, wl, wh, wl), dim=1)
+    return torch.cat((wh, wl, wh), dim=1)
 
 
 def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
-    prefill chunks, given the weight's bf16 parts wparts [N, 4K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
-    x split likewise (_bf16_parts) and the four products of the parts summed by one GEMM over 4K with float32
-    accumulation and output: each term exact but for the split residuals (2^-17 of |x| |w|; ~4e-6 relative on
-    random rows, against float64). An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
-    bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
-    G, N, K = groups, wparts.shape[0], wparts.shape[1] // 4
+    prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
+    x split likewise (_bf16_parts) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below 2^-18 |x| |w|,
+    is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6 relative on random rows,
+    against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its bits past 16.
+    Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
+    G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
     xh, xl = _bf16_parts(x.reshape(-1, G, K))
-    a = torch.cat((xh, xh, xl, xl), dim=2).transpose(0, 1)               # [G, T, 4K]
-    b = wparts.reshape(G, N // G, 4 * K).transpose(1, 2)                 # [G, 4K, N/G]
+    a = torch.cat((xh, xh, xl), dim=2).transpose(0, 1)                   # [G, T, 3K]
+    b = wparts.reshape(G, N // G, 3 * K).transpose(1, 2)                 # [G, 3K, N/G]
     if a.is_cuda:
         y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
     else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
@@ -353,7 +353,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do a prefill chunk's attention and stream update (attend_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
+    route_kernel), and so do a prefill chunk's attention, indexer scores and stream update (attend_kernel,
+    index_score_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
     kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
