@@ -501,7 +501,8 @@ def main() -> int:
     if sweeps:
         print("sweeps (launch configs):")
         for r in sweeps:
-            print(f"  {r.get('mix') or r.get('tensor') or 'keys ' + str(r.get('keys'))} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
+            what = r.get("mix") or r.get("tensor") or f"keys {r.get('keys')}"
+            print(f"  {what} T={r['T']} {r['name'].strip()}: {r['time_us']:.2f} us")
     for r in results:
         if r["kind"] == "error":
             print(f"FAILED {r['name']}: {r['error'][:200]}")

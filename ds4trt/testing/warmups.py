@@ -126,8 +126,8 @@ def attend_join(K: int, ks: int, ch: int, H: int = 64, D: int = 512):
 def attend_long(config: tuple[int, ...], H: int = 64, D: int = 512):
     """_attend_long at a LONG_CONFIG-style config (BT, HB, BN, DC, DV, warps, stages); the prefill kernel has no PDL."""
     bt, hb, bn, dc, dv, warps, stages = config
-    return attn_triton._attend_long.warmup(F16, F16, F16, F16, U8, F32, F32, 0.04, 256, 2048, H=H, D=D, BT=bt, HB=hb, BN=bn,
-                                           DC=dc, DV=dv, num_warps=warps, num_stages=stages, grid=(1,))
+    return attn_triton._attend_long.warmup(F16, F16, F16, F16, U8, F32, F32, 0.04, 256, 2048, H=H, D=D, BT=bt, HB=hb,
+                                           BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages, grid=(1,))
 
 
 def hc_dots(S: int, D: int):

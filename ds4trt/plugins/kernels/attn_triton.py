@@ -32,8 +32,8 @@ W-1+T and the compressed rows), with the online softmax (running maximum, sum, r
 sink added at the end. Both products run on the float16 tensor cores as three products of float16 parts
 (parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
 as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at 12 of 13 tile
-shapes, BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the loop); each program
-accumulates DV of the d output dims, so the logits are recomputed d/DV times.
+shapes, BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
+loop); each program accumulates DV of the d output dims, so the logits are recomputed d/DV times.
 """
 
 from __future__ import annotations

@@ -8,11 +8,12 @@ Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at a time into bf16 parts for a bf16
-tensor-core product (project_bf16_parts, ~4e-6 relative): a Q8_0 weight by one kernel from its blocks
+tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one kernel from its blocks
 (q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
-indexer's scores as one (index_triton).
+indexer's scores as one (index_triton); a prefill chunk's attention, indexer scores and stream update as one
+kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -354,8 +355,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
     route_kernel), and so do a prefill chunk's attention, indexer scores and stream update (attend_kernel,
-    index_score_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup: attention's q_a +
-    kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
+    index_score_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup:
+    attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
