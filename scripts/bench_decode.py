@@ -96,6 +96,13 @@ class SyntheticWeights:
         return random_blocks(t, shape[-2], shape[-1], lead, gen=self.gen).reshape(-1)
 
 
+def flash_layers(layers: int) -> ModelConfig:
+    """ModelConfig.flash() cut to its first `layers` layers (their compress ratios and hash routing kept)."""
+    flash = ModelConfig.flash()
+    return dataclasses.replace(flash, n_layer=layers, compress_ratios=flash.compress_ratios[:layers],
+                               n_hash_layer=min(flash.n_hash_layer, layers))
+
+
 def step_bytes(w: SyntheticWeights, cfg: ModelConfig, T: int, pos: int) -> float:
     """Bytes a step of T tokens at position pos must read, in GGUF formats (see the module docstring)."""
     total = 0.0
@@ -187,9 +194,7 @@ def main() -> int:
         print("bench_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    flash = ModelConfig.flash()
-    cfg = dataclasses.replace(flash, n_layer=args.layers, compress_ratios=flash.compress_ratios[:args.layers],
-                              n_hash_layer=min(flash.n_hash_layer, args.layers))
+    cfg = flash_layers(args.layers)
     bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name(0)}; copy bandwidth {bw / 1e12:.3f} TB/s (2 GiB device copy, read + write)")
 
@@ -297,7 +302,8 @@ def main() -> int:
             log(f"verify T={r['T']}: {r['vs_decode']:.2f}x the decode step")
     peak = max(peaks + [torch.cuda.max_memory_allocated()]) / 2 ** 30
     log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
-        + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)" if cfg.n_layer == flash.n_layer else ""))
+        + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)"
+           if cfg.n_layer == ModelConfig.flash().n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
                 inductor={k: repr(v) for k, v in inductor.items()},
                 date=time.strftime("%Y-%m-%d", time.gmtime()), cache_tokens=ctx, copy_bandwidth=bw,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import sys
 
@@ -27,9 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_decode import SyntheticWeights  # noqa: E402
+from bench_decode import SyntheticWeights, flash_layers  # noqa: E402
 
-from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
 from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, cuda_linear, to_device  # noqa: E402
 from ds4trt.runtime.cache import CacheState  # noqa: E402
@@ -95,9 +93,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("profile_modules.py: needs a CUDA GPU", file=sys.stderr)
         return 2
-    flash = ModelConfig.flash()
-    cfg = dataclasses.replace(flash, n_layer=args.layers, compress_ratios=flash.compress_ratios[:args.layers],
-                              n_hash_layer=min(flash.n_hash_layer, args.layers))
+    cfg = flash_layers(args.layers)
     with torch.no_grad():
         model = to_device(Transformer(cfg, SyntheticWeights(cfg), "ds4", experts=CudaExperts.from_weights,
                                       linear=cuda_linear), "cuda")
