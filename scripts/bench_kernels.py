@@ -10,7 +10,8 @@ zeros; the kernels' time does not depend on the values):
      down) and q4 mix (Q4_K x3), T = 1, 2, 3, 4, 8, 16 tokens, with
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
-  1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048; random routing; a long call, timed eagerly);
+  1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
+      routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
@@ -217,29 +218,38 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
 
 
 def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> None:
-    """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing): a long call, which
-    lists its items on the host, so it is timed eagerly (do_bench, L2 flushed between calls). Bytes: every touched
-    expert once."""
+    """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing; T = 1024 and 2048
+    skewed: each token's 6 experts drawn without replacement with probabilities ~ 1 / rank^0.8 over a shuffled
+    ranking, so that a few experts take many tokens and many take few, as in a prompt that crowds some experts): a
+    long call, which lists its items on the host, so it is timed eagerly (do_bench, L2 flushed between calls).
+    Bytes: every touched expert once."""
     types = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(4)
     blocks = [random_blocks(t, r, c, lead=E, gen=gen).view(E, r, -1)
               for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
     rng = torch.Generator(device="cpu").manual_seed(5)
-    for T in (256, 512, 1024, 2048):
-        ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+    skew = (1.0 / torch.arange(1, E + 1) ** 0.8)[torch.randperm(E, generator=rng)]
+    for T, routing in ((256, "random"), (512, "random"), (1024, "random"), (2048, "random"), (1024, "skewed"),
+                       (2048, "skewed")):
+        if routing == "random":
+            ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+        else:
+            ids = torch.multinomial(skew.expand(T, E), K_SLOTS, generator=rng)
         v, w = torch.randn(T, D, generator=rng) * 3, torch.rand(T, K_SLOTS, generator=rng) * 0.9 + 0.1
         nbytes = len(torch.unique(ids)) * expert_bytes(types) + 2 * T * D * 4 + T * K_SLOTS * 12
         v, ids, w = (x.to(DEV) for x in (v, ids, w))
 
         default = M.long_launch(T * K_SLOTS, E)
 
-        def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=default, label=""):
+        def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=default, label="", routing=routing):
             ms = do_bench(lambda: M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=cfg), warmup=3, rep=200,
                           return_mode="median")
-            results.append(case(f"moe {mix} prefill{label}", T, nbytes, ms, bw, kind="moe_long" if not label else
-                                "sweep_moe", mix=mix, config=list(cfg),
-                                layers_tokens_per_s=T / (N_LAYER * ms * 1e-3)))
-        guarded(f"moe {mix} prefill T={T}", results, run)
+            name = f"moe {mix} prefill" + (" skewed" if routing == "skewed" else "")
+            results.append(case(name + label, T, nbytes, ms, bw, kind="moe_long" if not label else "sweep_moe",
+                                mix=mix, routing=routing, config=list(cfg),
+                                layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
+                                most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
+        guarded(f"moe {mix} prefill {routing} T={T}", results, run)
         if sweeps is not None and T >= 512:
             for cfg in LONG_SWEEP:
                 if cfg != default:
