@@ -15,12 +15,12 @@ zeros; the kernels' time does not depend on the values):
   2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
-  2b'. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
+  2c. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
       chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py
       forms), and the PyTorch attend it replaces, for comparison (timed eagerly);
-  2b''. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
+  2d. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
       a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
-  2c. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
+  2e. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
