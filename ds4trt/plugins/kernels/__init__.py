@@ -12,7 +12,7 @@
     attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)
     index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score),
                                   T <= 16; index_score_long_triton for prefill chunks
-    parts.f16_parts               float32 operands as float16 hi + lo parts (the prefill kernels' tensor-core inputs)
+    parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ds4trt.plugins.kernels.parts import f16_parts
+from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # attend_triton's query limit (decode and verify steps)
@@ -146,7 +146,7 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
 def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, K, H: tl.constexpr, D: tl.constexpr,
                  BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
     """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
-    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.f16_parts)."""
+    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.split_parts)."""
     r = tl.arange(0, BT * HB)
     t = tl.program_id(0) * BT + r // HB
     h = tl.program_id(1) * HB + r % HB
@@ -215,7 +215,7 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q)
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
-    _attend_long[grid](*f16_parts(q.contiguous()), *f16_parts(k.contiguous()), mask.contiguous().view(torch.uint8),
-                       sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D, BT=bt, HB=hb, BN=bn, DC=dc, DV=dv,
-                       num_warps=warps, num_stages=stages)
+    _attend_long[grid](*split_parts(q.contiguous(), torch.float16), *split_parts(k.contiguous(), torch.float16),
+                       mask.contiguous().view(torch.uint8), sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D,
+                       BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages)
     return o

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ds4trt.plugins.kernels.parts import f16_parts
+from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
@@ -109,6 +109,7 @@ def index_score_long_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor
     out = torch.empty(T, K, dtype=torch.float32, device=q.device)
     if T and K:
         _index_score_long[(triton.cdiv(K, bn), triton.cdiv(T, tb))](
-            w.contiguous(), *f16_parts(q.contiguous()), *f16_parts(keys.contiguous()), out, T, K, NH,
+            w.contiguous(), *split_parts(q.contiguous(), torch.float16), *split_parts(keys.contiguous(), torch.float16),
+            out, T, K, NH,
             NHP=max(16, triton.next_power_of_2(NH)), DI=DI, BN=bn, TB=tb, num_warps=warps)
     return out

@@ -47,6 +47,7 @@ from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton, \
     topk_triton
+from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
@@ -226,28 +227,22 @@ class Q8Linear(nn.Module):
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
-def _bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 a -> (hi, lo) bfloat16 with a = hi + lo to within 2^-17 |a| (hi: a's top 8 significant bits)."""
-    hi = a.to(torch.bfloat16)
-    return hi, (a - hi.float()).to(torch.bfloat16)
-
-
 def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
-    """float32 [N, K] -> bfloat16 [N, 3K], row n = hi | lo | hi (_bf16_parts): project_bf16_parts' weight operand
-    (q8_triton.dequant_bf16_parts makes the same from Q8_0 blocks)."""
-    wh, wl = _bf16_parts(weight)
+    """float32 [N, K] -> bfloat16 [N, 3K], row n = hi | lo | hi (parts.split_parts): project_bf16_parts' weight
+    operand (q8_triton.dequant_bf16_parts makes the same from Q8_0 blocks)."""
+    wh, wl = split_parts(weight, torch.bfloat16)
     return torch.cat((wh, wl, wh), dim=1)
 
 
 def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
     prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
-    x split likewise (_bf16_parts) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below 2^-18 |x| |w|,
-    is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6 relative on random rows,
-    against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its bits past 16.
-    Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
+    x split likewise (parts.split_parts) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below
+    2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6 relative on
+    random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
+    bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
     G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
-    xh, xl = _bf16_parts(x.reshape(-1, G, K))
+    xh, xl = split_parts(x.reshape(-1, G, K), torch.bfloat16)
     a = torch.cat((xh, xh, xl), dim=2).transpose(0, 1)                   # [G, T, 3K]
     b = wparts.reshape(G, N // G, 3 * K).transpose(1, 2)                 # [G, 3K, N/G]
     if a.is_cuda:
