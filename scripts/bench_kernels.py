@@ -364,7 +364,7 @@ def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
         sinks = torch.randn(H, device=DEV, generator=gen)
         nbytes = 2 * q.numel() * 4 + k.numel() * 4 + mask.numel()
         label = f"attend_long ratio {ratio} ({K} keys)"
-        for name, fn in ((label, lambda config=None: A.attend_long_triton(q, k, mask, sinks, config=config)),
+        for name, fn in ((label, lambda: A.attend_long_triton(q, k, mask, sinks)),
                          (f"torch attend ratio {ratio}", lambda: attend(q, k, mask, sinks))):
             guarded(name, results, lambda fn=fn, name=name, K=K, ratio=ratio: results.append(case(
                 name, q.shape[0], nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw,
