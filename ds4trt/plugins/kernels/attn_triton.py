@@ -31,8 +31,8 @@ keys in blocks of BN, skipping a block none of its queries sees (a query sees ~W
 W-1+T and the compressed rows), with the online softmax (running maximum, sum, rescaled accumulator) and the
 sink added at the end. Both products run on the float16 tensor cores as three products of float16 parts
 (parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
-as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at 12 of 13 tile
-shapes, BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
+as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at most tile shapes,
+BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
 loop); each program accumulates DV of the d output dims, so the logits are recomputed d/DV times.
 """
 
