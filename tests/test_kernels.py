@@ -440,6 +440,39 @@ def test_attend_vs_float64(shape):
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 
 
+def test_indexer_qat_kernel_equals_numerics_bitwise():
+    """The prefill chunks' indexer rounding against model/numerics.py indexer_qat (PyTorch, on the CPU), bit for
+    bit: fresh random rows at magnitudes from 1e-30 to 1e30, a zero row (amax at its floor), the unit row (every
+    rotated value equal), two rows whose values all land on an E2M1 tie (5 -> 4 and 3.5 -> 4, ties to even), rows
+    past a whole program; n = 128 (Flash) and 64 with blocks of 32, and n = 16 with one block of 16 (min(32, n),
+    as indexer_qat)."""
+    from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
+    from ds4trt.plugins.kernels.qat_triton import indexer_qat_triton
+
+    def spike(v: float, n: int) -> float:
+        """t such that t * n^-1/2 is exactly v in float32: the row t e_0 rotates to n values of magnitude v."""
+        c, v = torch.tensor(n ** -0.5), torch.tensor(v)
+        t = v / c
+        for _ in range(8):
+            if t * c == v:
+                return float(t)
+            t = torch.nextafter(t, torch.tensor(float("inf") if t * c < v else float("-inf")))
+        raise AssertionError(f"no float32 t with t * {n}^-1/2 = {float(v)}")
+
+    g = torch.Generator().manual_seed(_seed("indexer_qat"))
+    for lead, n in (((300 if GPU else 37, 64), 128), ((45,), 64), ((9, 3), 16)):
+        x = torch.randn(*lead, n, generator=g) * torch.logspace(-30, 30, lead[0])[(...,) + (None,) * len(lead)]
+        rows = x.view(-1, n)
+        rows[1:5] = 0.0
+        rows[2, 0] = 1.0
+        rows[3, 0] = spike(5 * 2.0 ** -8, n)          # every value 5 * 2^-8: scale 2^-8, y = 5, a tie
+        rows[4, 0] = spike(7 * 2.0 ** -9, n)          # 3.5 * 2^-8: y = 3.5, a tie
+        want = indexer_qat(x)
+        got = indexer_qat_triton(x.to(DEVICE), min(FP4_BLOCK, n), FP4_MIN_AMAX).cpu()
+        bad = (got != want).sum().item()
+        assert bad == 0, f"n = {n}: {bad} of {want.numel()} values differ"
+
+
 @pytest.mark.parametrize("D", [4096, 300] if GPU else [64, 40])
 def test_hc_post_vs_float64(D):
     """The prefill chunks' stream update against model/hc.py hc_post in float64 (fresh random f, X, post, comb;
