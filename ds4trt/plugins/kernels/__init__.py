@@ -12,6 +12,8 @@
     attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)
     index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score),
                                   T <= 16; index_score_long_triton for prefill chunks
+    qat_triton.indexer_qat_triton  ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) of a
+                                  prefill chunk in one pass, bitwise PyTorch's
     parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
