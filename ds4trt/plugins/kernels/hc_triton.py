@@ -183,21 +183,12 @@ def hc_pre_long_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, b
     part_dtype = torch.float16 if PARTS == tl.float16 else torch.bfloat16
     fh = fp.to(part_dtype)
     fl = (fp - fh.float()).to(part_dtype)
-    scale, base = scale.float().contiguous(), base.float().contiguous()
-    ny = triton.cdiv(D, DY)
     part = torch.empty(T, splits, MP + 1, dtype=torch.float32, device=X.device)
-    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)      # rows of programs c > 0: scratch
-    y = torch.empty(T, D, dtype=torch.float32, device=X.device)
-    pre = torch.empty(T * (1 + ny), S, dtype=torch.float32, device=X.device)
-    post = torch.empty_like(pre)
-    comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
     if T:
         _hc_dots_long[(triton.cdiv(T, bt), splits)](X, fh, fl, part, T, S=S, D=D, MP=MP, SPLITS=splits,
                                                     KC=triton.cdiv(triton.cdiv(S * D, splits), bk) * bk, BT=bt,
                                                     BK=bk, PART=PARTS, num_warps=warps)
-        _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
-                             S=S, D=D, MP=MP, SPLITS=splits, DY=DY, num_warps=1, PDL=False)
-    return y, post[:T], comb[:T]
+    return _combined(X, part, scale, base, rms_eps, hc_eps, iters, dict(PDL=False))
 
 
 def hc_post_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -229,17 +220,27 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
                          f"iters = {iters}")
     MP = triton.next_power_of_2(M)
     X, fn = X.contiguous(), fn.contiguous()
-    scale, base = scale.float().contiguous(), base.float().contiguous()
-    ny = triton.cdiv(D, DY)
     part = torch.empty(T, SPLITS, MP + 1, dtype=torch.float32, device=X.device)
-    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)      # rows of programs c > 0: scratch
+    pdl = pdl_launch(X.device)
+    _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
+                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
+    return _combined(X, part, scale, base, rms_eps, hc_eps, iters, pdl)
+
+
+def _combined(X: torch.Tensor, part: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+              hc_eps: float, iters: int, pdl: dict):
+    """_hc_combine on the partials part [T, splits, MP + 1] of X [T, S, D] -> y [T, D], post [T, S], comb [T, S, S]
+    (the program of each token's first output block stores its m, pre, post and comb, the others scratch rows)."""
+    T, S, D = X.shape
+    splits, MP = part.shape[1], part.shape[2] - 1
+    ny = triton.cdiv(D, DY)
+    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)
     y = torch.empty(T, D, dtype=torch.float32, device=X.device)
     pre = torch.empty(T * (1 + ny), S, dtype=torch.float32, device=X.device)
     post = torch.empty_like(pre)
     comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
-    pdl = pdl_launch(X.device)
-    _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
-                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
-    _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
-                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1, **pdl)
+    if T:
+        _hc_combine[(T, ny)](X, part, m, scale.float().contiguous(), base.float().contiguous(), y, pre, post, comb,
+                             float(rms_eps), float(hc_eps), ITERS=iters, S=S, D=D, MP=MP, SPLITS=splits, DY=DY,
+                             num_warps=1, **pdl)
     return y, post[:T], comb[:T]
