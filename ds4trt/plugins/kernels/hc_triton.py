@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, where the launches count)
@@ -180,9 +181,7 @@ def hc_pre_long_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, b
     X = X.contiguous()
     fp = torch.zeros(MP, S * D, dtype=torch.float32, device=X.device)
     fp[:M] = fn
-    part_dtype = torch.float16 if PARTS == tl.float16 else torch.bfloat16
-    fh = fp.to(part_dtype)
-    fl = (fp - fh.float()).to(part_dtype)
+    fh, fl = split_parts(fp, torch.float16 if PARTS == tl.float16 else torch.bfloat16)
     part = torch.empty(T, splits, MP + 1, dtype=torch.float32, device=X.device)
     if T:
         _hc_dots_long[(triton.cdiv(T, bt), splits)](X, fh, fl, part, T, S=S, D=D, MP=MP, SPLITS=splits,
