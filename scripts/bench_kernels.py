@@ -103,7 +103,7 @@ ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2,
 # (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
 INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))
 # (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long; the default is hc_triton.LONG_CONFIG
-HC_LONG_SWEEP = ((64, 128, 8, 4), (128, 64, 8, 8), (32, 64, 16, 4), (64, 64, 4, 4), (64, 64, 16, 4))
+HC_LONG_SWEEP = ((128, 64, 8, 8), (64, 32, 8, 4), (64, 64, 16, 4), (64, 64, 4, 4), (32, 64, 16, 4), (64, 128, 8, 4))
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)

@@ -427,7 +427,7 @@ def test_attend_vs_float64(shape):
 @pytest.mark.parametrize("D", [4096, 1056] if GPU else [128, 1056])
 def test_hc_pre_long_vs_float64(D):
     """The prefill chunks' hc_pre against model/hc.py hc_pre in float64 on fresh random streams of several
-    magnitudes (the bf16 parts hold any float32 range): T past a whole number of token blocks, D = 1056 a partial
+    magnitudes (tf32x3 keeps float32's range): T past a whole number of token blocks, D = 1056 a partial
     block of outputs; at LONG_CONFIG and a smaller shape."""
     from ds4trt.model.hc import hc_pre
 

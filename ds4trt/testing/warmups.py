@@ -14,13 +14,11 @@ Every kernel is compiled with PDL=True, as it is launched on sm_90 (plugins/kern
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
     route_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
-BF16 = torch.empty(64, dtype=torch.bfloat16)
 I64, I32, I16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
 SPLIT = (F16, F16, F16, F16, F32)           # moe_triton.split_runs: hi, lo, shi, slo, inv
 M = moe_triton
@@ -139,11 +137,10 @@ def hc_dots(S: int, D: int):
 
 
 def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):
-    """the prefill kernel (no PDL), as on a GPU: bfloat16 parts"""
+    """the prefill kernel (no PDL)"""
     H = hc_triton
-    return H._hc_dots_long.warmup(F32, BF16, BF16, F32, 2048, S=S, D=D, MP=32, SPLITS=splits,
-                                  KC=-(-S * D // splits // bk) * bk, BT=bt, BK=bk, PART=tl.bfloat16, num_warps=warps,
-                                  grid=(1,))
+    return H._hc_dots_long.warmup(F32, F32, F32, 2048, S=S, D=D, MP=32, SPLITS=splits,
+                                  KC=-(-S * D // splits // bk) * bk, BT=bt, BK=bk, num_warps=warps, grid=(1,))
 
 
 def hc_post(S: int, D: int):

@@ -18,31 +18,26 @@ width: one SM would need ~10 us to read it), each storing its partial products a
 one warp per DY outputs, adds the partials in split order (deterministic), mixes (each of a token's programs
 alike: the mixing is a chain of ~40 small reductions, fastest in one warp) and writes its part of y.
 rms_norm(X) @ fn.T = rsqrt(mean(X^2) + eps) * (X @ fn.T): the scale is applied to the sums.
-_hc_dots_long, for prefill chunks, computes the same partials for a block of BT tokens per program on the bf16
-tensor cores: X's tile split into bf16 parts hi + lo in registers, fn's parts made once per call, three products
-(hi hi, lo hi, hi lo; ~5e-6 relative, as the prefill projections: float16 parts would not hold the residual
-stream's range); LONG_SPLITS programs per block of tokens over the S*D inputs.
+_hc_dots_long, for prefill chunks, computes the same partials for a block of BT tokens per program on the tensor
+cores in "tf32x3" (each float32 operand as two tf32 parts, three products: ~2^-22 relative, float32's range, which
+the residual stream needs: float16 parts would not hold it, bfloat16 hi + lo parts gave 1e-5 relative on a mixer
+row); several programs per block of tokens over the S*D inputs.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, where the launches count)
 SPLITS = 32             # programs per token of the products, each over S*D/SPLITS inputs
 KB = 256                # inputs per loop step
 DY = 512                # outputs y per program of the combination
-LONG_CONFIG = (64, 64, 8, 4)   # (tokens BT, inputs per step BK, splits LONG_SPLITS, warps) of _hc_dots_long
-# _hc_dots_long's parts: bfloat16; float16 under Triton's interpreter, whose bfloat16 tl.dot is wrong (it multiplies
-# the raw bits; the interpreter tests keep their streams within float16's range)
-PARTS = tl.float16 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+# (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long (sm_90: 173 registers, no spills; BK = 128 spills)
+LONG_CONFIG = (64, 64, 8, 4)
 
 
 @triton.jit
@@ -93,12 +88,11 @@ def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.c
 
 
 @triton.jit
-def _hc_dots_long(x_ptr, fh_ptr, fl_ptr, part_ptr, T, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr,
-                  SPLITS: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  PART: tl.constexpr):
+def _hc_dots_long(x_ptr, f_ptr, part_ptr, T, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr,
+                  SPLITS: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """Program (i, sp): tokens i*BT.., inputs sp*KC .. sp*KC+KC-1 (a multiple of BK; those past S*D masked) -> for
-    each token part[t, sp] = (its MP dot products with fn's rows, its sum of squares). fh, fl: fn's bf16 parts
-    [MP, S*D] in PART."""
+    each token part[t, sp] = (its MP dot products with fn's rows, its sum of squares). f: fn [MP, S*D] float32,
+    rows past (2+S)*S zero."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     tm = t < T
     sp = tl.program_id(1)
@@ -111,13 +105,8 @@ def _hc_dots_long(x_ptr, fh_ptr, fl_ptr, part_ptr, T, S: tl.constexpr, D: tl.con
         x = tl.load(x_ptr + t.to(tl.int64)[:, None] * (S * D) + k[None, :], mask=tm[:, None] & km[None, :],
                     other=0.0)                                                                            # [BT, BK]
         sq += tl.sum(x * x, axis=1)
-        xh = x.to(PART)
-        xl = (x - xh.to(tl.float32)).to(PART)
-        fh = tl.load(fh_ptr + j[None, :] * (S * D) + k[:, None], mask=km[:, None], other=0.0)             # [BK, MP]
-        fl = tl.load(fl_ptr + j[None, :] * (S * D) + k[:, None], mask=km[:, None], other=0.0)
-        acc = tl.dot(xh, fh, acc)
-        acc = tl.dot(xl, fh, acc)
-        acc = tl.dot(xh, fl, acc)
+        f = tl.load(f_ptr + j[None, :] * (S * D) + k[:, None], mask=km[:, None], other=0.0)               # [BK, MP]
+        acc = tl.dot(x, f, acc, input_precision="tf32x3")
     part = part_ptr + (t.to(tl.int64) * SPLITS + sp) * (MP + 1)
     tl.store(part[:, None] + j[None, :], acc, mask=tm[:, None])
     tl.store(part + MP, sq, mask=tm)
@@ -181,12 +170,11 @@ def hc_pre_long_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, b
     X = X.contiguous()
     fp = torch.zeros(MP, S * D, dtype=torch.float32, device=X.device)
     fp[:M] = fn
-    fh, fl = split_parts(fp, torch.float16 if PARTS == tl.float16 else torch.bfloat16)
     part = torch.empty(T, splits, MP + 1, dtype=torch.float32, device=X.device)
     if T:
-        _hc_dots_long[(triton.cdiv(T, bt), splits)](X, fh, fl, part, T, S=S, D=D, MP=MP, SPLITS=splits,
+        _hc_dots_long[(triton.cdiv(T, bt), splits)](X, fp, part, T, S=S, D=D, MP=MP, SPLITS=splits,
                                                     KC=triton.cdiv(triton.cdiv(S * D, splits), bk) * bk, BT=bt,
-                                                    BK=bk, PART=PARTS, num_warps=warps)
+                                                    BK=bk, num_warps=warps)
     return _combined(X, part, scale, base, rms_eps, hc_eps, iters, dict(PDL=False))
 
 
