@@ -177,7 +177,7 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
 
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
     """model/hc.py hc_pre on this backend: one fused kernel for steps of up to hc_triton.MAX_T tokens (decode,
-    verify, draft), else the prefill chunks' two (bf16 tensor-core products of blocks of tokens, then the mixing
+    verify, draft), else the prefill chunks' two (tf32x3 tensor-core products of blocks of tokens, then the mixing
     and the weighted sum)."""
     if X.shape[0] <= hc_triton.MAX_T:
         return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
