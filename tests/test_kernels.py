@@ -373,23 +373,7 @@ def test_q8_lm_head():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Hyper-connection mixing
-
-@pytest.mark.parametrize("T", [1, 3, 17])
-def test_hc_mix_vs_float64(T):
-    """hc_triton against model/hc.py hc_mix in float64, fresh random mixer outputs, poisoned outputs replaced."""
-    from ds4trt.model.hc import hc_mix
-
-    g = torch.Generator().manual_seed(_seed("hc", T))
-    S = 4
-    m = torch.randn(T, (2 + S) * S, generator=g) * 3
-    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn((2 + S) * S, generator=g)
-    want = hc_mix(m.double(), scale.double(), base.double(), S, 1e-6, 20)
-    got = hc_triton.hc_mix_triton(m.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), S, 1e-6, 20)
-    for name, a, b in zip(("pre", "post", "comb"), got, want):
-        assert a.shape == b.shape, name
-        assert _rel(a, b) <= TOL, f"{name}: relative error {_rel(a, b):.2e}"
-
+# Hyper-connections
 
 @pytest.mark.parametrize("D", [96, 4096] if GPU else [96, 1056])
 def test_hc_pre_vs_float64(D):
@@ -471,6 +455,28 @@ def test_indexer_qat_kernel_equals_numerics_bitwise():
         got = indexer_qat_triton(x.to(DEVICE), min(FP4_BLOCK, n), FP4_MIN_AMAX).cpu()
         bad = (got != want).sum().item()
         assert bad == 0, f"n = {n}: {bad} of {want.numel()} values differ"
+
+
+@pytest.mark.parametrize("D", [4096, 1056] if GPU else [128, 1056])
+def test_hc_pre_long_vs_float64(D):
+    """The prefill chunks' hc_pre against model/hc.py hc_pre in float64 on fresh random streams of several
+    magnitudes (tf32x3 keeps float32's range): T past a whole number of token blocks, D = 1056 a partial
+    block of outputs; at LONG_CONFIG and a smaller shape."""
+    from ds4trt.model.hc import hc_pre
+
+    g = torch.Generator().manual_seed(_seed("hc_pre_long", D))
+    S, M = 4, 24
+    T = 300 if GPU else 19
+    X = torch.randn(T, S, D, generator=g) * torch.logspace(-1, 3, T)[:, None, None]
+    fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
+    want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
+    for config in (None, (16, 32, 2, 4)):
+        got = hc_triton.hc_pre_long_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6,
+                                           1e-6, 20, config)
+        for name, a, b in zip(("y", "post", "comb"), got, want):
+            assert a.shape == b.shape, name
+            assert _rel(a, b) <= TOL, f"config {config}, {name}: relative error {_rel(a, b):.2e}"
 
 
 @pytest.mark.parametrize("D", [4096, 300] if GPU else [64, 40])
@@ -711,6 +717,7 @@ def test_every_variant_compiles_for_sm90():
         ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
         ok(W.hc_post(4, 4096))
+        ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:

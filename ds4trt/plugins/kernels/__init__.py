@@ -5,8 +5,8 @@
     q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows, on the
                                   weight as q8_triton.split_q8 arranges it once at load
     f16_triton.f16_matmul         x @ W.T for an F16 matrix kept as float16 (router, compressors, indexer), T <= 4
-    hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
-    hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
+    hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows;
+                                  hc_pre_long_triton for prefill chunks
     hc_triton.hc_post_triton      the streams' update (model/hc.py hc_post) of a prefill chunk
     attn_triton.attend_triton     attention over given keys and mask with sinks (model/attention.py attend), T <= 16
     attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)

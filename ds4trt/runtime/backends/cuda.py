@@ -40,7 +40,7 @@ import torch.nn as nn
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, top_rows
-from ds4trt.model.hc import hc_post, hc_pre
+from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
@@ -90,18 +90,6 @@ def moe_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_block
 @moe_op.register_fake
 def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp):
     return v.new_empty(v.shape[0], ids.shape[1], v.shape[1])
-
-
-@torch.library.custom_op("ds4trt::hc_mix", mutates_args=())
-def hc_mix_op(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float,
-              sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return hc_triton.hc_mix_triton(m, scale, base, S, hc_eps, sinkhorn_iters)
-
-
-@hc_mix_op.register_fake
-def _(m, scale, base, S, hc_eps, sinkhorn_iters):
-    T = m.shape[0]
-    return m.new_empty(T, S), m.new_empty(T, S), m.new_empty(T, S, S)
 
 
 @torch.library.custom_op("ds4trt::hc_pre", mutates_args=())
@@ -199,10 +187,11 @@ def qat_kernel(x):
 
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
     """model/hc.py hc_pre on this backend: one fused kernel for steps of up to hc_triton.MAX_T tokens (decode,
-    verify, draft), else the PyTorch version with the mixing kernel (prefill chunks)."""
+    verify, draft), else the prefill chunks' two (tf32x3 tensor-core products of blocks of tokens, then the mixing
+    and the weighted sum)."""
     if X.shape[0] <= hc_triton.MAX_T:
         return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
-    return hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, hc_mix_op)
+    return hc_triton.hc_pre_long_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
 
 
 def hc_combine(f, X, post, comb):
