@@ -20,7 +20,9 @@ zeros; the kernels' time does not depend on the values):
       forms), and the PyTorch attend it replaces, for comparison (timed eagerly);
   2d. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
       a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
-  2e. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
+  2e. the hyper-connection reduction of a 2048-token prefill chunk (hc_pre_long_triton) and the PyTorch hc_pre
+      it replaces (timed eagerly);
+  2f. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
@@ -52,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ds4trt.model.attention import top_rows  # noqa: E402
 from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
+from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
 from ds4trt.plugins.kernels import index_triton as I  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
@@ -99,6 +102,8 @@ ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2,
                      (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
 # (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
 INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))
+# (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long; the default is hc_triton.LONG_CONFIG
+HC_LONG_SWEEP = ((128, 64, 8, 8), (64, 32, 8, 4), (64, 64, 16, 4), (64, 64, 4, 4), (32, 64, 16, 4), (64, 128, 8, 4))
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
@@ -398,6 +403,27 @@ def bench_index_long(bw: float, results: list, sweeps: list | None) -> None:
             kind="sweep_index_long", keys=K, config=list(cfg))))
 
 
+def bench_hc_long(bw: float, results: list, sweeps: list | None) -> None:
+    """hc_pre_long_triton and model/hc.py hc_pre on a 2048-token prefill chunk at Flash width (4 streams of 4096);
+    eager medians (do_bench). Bytes: the streams read twice (products, weighted sum), fn, y written."""
+    from ds4trt.model.hc import hc_pre
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    T, S, M = 2048, 4, 24
+    X = torch.randn(T, S, D, device=DEV, generator=gen)
+    fn = torch.randn(M, S * D, device=DEV, generator=gen) / (S * D) ** 0.5
+    scale, base = torch.rand(3, device=DEV, generator=gen) + 0.5, torch.randn(M, device=DEV, generator=gen)
+    nbytes = 2 * X.numel() * 4 + fn.numel() * 4 + T * D * 4
+    for name, run in ((f"hc_pre_long T={T}", lambda: H.hc_pre_long_triton(X, fn, scale, base, 1e-6, 1e-6, 20)),
+                      (f"torch hc_pre T={T}", lambda: hc_pre(X, fn, scale, base, 1e-6, 1e-6, 20))):
+        guarded(name, results, lambda run=run, name=name: results.append(case(
+            name, T, nbytes, do_bench(run, warmup=5, rep=100, return_mode="median"), bw, kind="hc_long")))
+    for cfg in HC_LONG_SWEEP if sweeps is not None else ():
+        sweeps.append(lambda cfg=cfg: results.append(case(
+            f"  sweep config={cfg}", T, nbytes,
+            do_bench(lambda: H.hc_pre_long_triton(X, fn, scale, base, 1e-6, 1e-6, 20, cfg), warmup=3, rep=50,
+                     return_mode="median"), bw, kind="sweep_hc_long", tensor="hc_pre_long", config=list(cfg))))
+
+
 def bench_topk(bw: float, results: list) -> None:
     """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
     the stable torch.sort + slice of model/attention.py top_rows on the same scores."""
@@ -436,9 +462,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,topk,q4",
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, attend_long "
-                         "(prefill), index_long (prefill), topk, q4 (moe)")
+                         "(prefill), index_long (prefill), hc_long (prefill), topk, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -467,6 +493,8 @@ def main() -> int:
         bench_attend_long(bw, results, sweeps)
     if "index_long" in cases:
         bench_index_long(bw, results, sweeps)
+    if "hc_long" in cases:
+        bench_hc_long(bw, results, sweeps)
     if "topk" in cases:
         bench_topk(bw, results)
     if "q4" in cases:

@@ -373,23 +373,7 @@ def test_q8_lm_head():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Hyper-connection mixing
-
-@pytest.mark.parametrize("T", [1, 3, 17])
-def test_hc_mix_vs_float64(T):
-    """hc_triton against model/hc.py hc_mix in float64, fresh random mixer outputs, poisoned outputs replaced."""
-    from ds4trt.model.hc import hc_mix
-
-    g = torch.Generator().manual_seed(_seed("hc", T))
-    S = 4
-    m = torch.randn(T, (2 + S) * S, generator=g) * 3
-    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn((2 + S) * S, generator=g)
-    want = hc_mix(m.double(), scale.double(), base.double(), S, 1e-6, 20)
-    got = hc_triton.hc_mix_triton(m.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), S, 1e-6, 20)
-    for name, a, b in zip(("pre", "post", "comb"), got, want):
-        assert a.shape == b.shape, name
-        assert _rel(a, b) <= TOL, f"{name}: relative error {_rel(a, b):.2e}"
-
+# Hyper-connections
 
 @pytest.mark.parametrize("D", [96, 4096] if GPU else [96, 1056])
 def test_hc_pre_vs_float64(D):
@@ -438,6 +422,61 @@ def test_attend_vs_float64(shape):
             got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), config)
             assert got.shape == want.shape
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
+
+
+def test_indexer_qat_kernel_equals_numerics_bitwise():
+    """The prefill chunks' indexer rounding against model/numerics.py indexer_qat (PyTorch, on the CPU), bit for
+    bit: fresh random rows at magnitudes from 1e-30 to 1e30, a zero row (amax at its floor), the unit row (every
+    rotated value equal), two rows whose values all land on an E2M1 tie (5 -> 4 and 3.5 -> 4, ties to even), rows
+    past a whole program; n = 128 (Flash) and 64 with blocks of 32, and n = 16 with one block of 16 (min(32, n),
+    as indexer_qat)."""
+    from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
+    from ds4trt.plugins.kernels.qat_triton import indexer_qat_triton
+
+    def spike(v: float, n: int) -> float:
+        """t such that t * n^-1/2 is exactly v in float32: the row t e_0 rotates to n values of magnitude v."""
+        c, v = torch.tensor(n ** -0.5), torch.tensor(v)
+        t = v / c
+        for _ in range(8):
+            if t * c == v:
+                return float(t)
+            t = torch.nextafter(t, torch.tensor(float("inf") if t * c < v else float("-inf")))
+        raise AssertionError(f"no float32 t with t * {n}^-1/2 = {float(v)}")
+
+    g = torch.Generator().manual_seed(_seed("indexer_qat"))
+    for lead, n in (((300 if GPU else 37, 64), 128), ((45,), 64), ((9, 3), 16)):
+        x = torch.randn(*lead, n, generator=g) * torch.logspace(-30, 30, lead[0])[(...,) + (None,) * len(lead)]
+        rows = x.view(-1, n)
+        rows[1:5] = 0.0
+        rows[2, 0] = 1.0
+        rows[3, 0] = spike(5 * 2.0 ** -8, n)          # every value 5 * 2^-8: scale 2^-8, y = 5, a tie
+        rows[4, 0] = spike(7 * 2.0 ** -9, n)          # 3.5 * 2^-8: y = 3.5, a tie
+        want = indexer_qat(x)
+        got = indexer_qat_triton(x.to(DEVICE), min(FP4_BLOCK, n), FP4_MIN_AMAX).cpu()
+        bad = (got != want).sum().item()
+        assert bad == 0, f"n = {n}: {bad} of {want.numel()} values differ"
+
+
+@pytest.mark.parametrize("D", [4096, 1056] if GPU else [128, 1056])
+def test_hc_pre_long_vs_float64(D):
+    """The prefill chunks' hc_pre against model/hc.py hc_pre in float64 on fresh random streams of several
+    magnitudes (tf32x3 keeps float32's range): T past a whole number of token blocks, D = 1056 a partial
+    block of outputs; at LONG_CONFIG and a smaller shape."""
+    from ds4trt.model.hc import hc_pre
+
+    g = torch.Generator().manual_seed(_seed("hc_pre_long", D))
+    S, M = 4, 24
+    T = 300 if GPU else 19
+    X = torch.randn(T, S, D, generator=g) * torch.logspace(-1, 3, T)[:, None, None]
+    fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
+    want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
+    for config in (None, (16, 32, 2, 4)):
+        got = hc_triton.hc_pre_long_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6,
+                                           1e-6, 20, config)
+        for name, a, b in zip(("y", "post", "comb"), got, want):
+            assert a.shape == b.shape, name
+            assert _rel(a, b) <= TOL, f"config {config}, {name}: relative error {_rel(a, b):.2e}"
 
 
 @pytest.mark.parametrize("D", [4096, 300] if GPU else [64, 40])
@@ -678,6 +717,7 @@ def test_every_variant_compiles_for_sm90():
         ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
         ok(W.hc_post(4, 4096))
+        ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:

@@ -11,16 +11,16 @@ from ds4trt.model.numerics import rms_norm
 
 
 def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-           rms_eps: float, hc_eps: float, sinkhorn_iters: int, mix=None):
+           rms_eps: float, hc_eps: float, sinkhorn_iters: int):
     """Reduce S streams to one sublayer input.
 
-    X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]; mix: hc_mix or a kernel with its signature
+    X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]
     returns y [T, D], post [T, S], comb [T, S, S] (comb[t, a, b]: source stream a -> destination b)
     """
     T, S, D = X.shape
     n = rms_norm(X.reshape(T, S * D), None, rms_eps)
     m = n @ fn.T                                                    # [T, (2+S)*S]
-    pre, post, comb = (mix or hc_mix)(m, scale, base, S, hc_eps, sinkhorn_iters)
+    pre, post, comb = hc_mix(m, scale, base, S, hc_eps, sinkhorn_iters)
     y = (pre[:, :, None] * X).sum(dim=1)
     return y, post, comb
 

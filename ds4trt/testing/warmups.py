@@ -136,6 +136,13 @@ def hc_dots(S: int, D: int):
                              num_warps=4, **LAUNCH)
 
 
+def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):
+    """the prefill kernel (no PDL)"""
+    H = hc_triton
+    return H._hc_dots_long.warmup(F32, F32, F32, 2048, S=S, D=D, MP=32, SPLITS=splits,
+                                  KC=-(-S * D // splits // bk) * bk, BT=bt, BK=bk, num_warps=warps, grid=(1,))
+
+
 def hc_post(S: int, D: int):
     """the prefill kernel (no PDL)"""
     return hc_triton._hc_post.warmup(F32, F32, F32, F32, F32, S=S, D=D, DB=1024, num_warps=4, grid=(1,))

@@ -5,13 +5,15 @@
     q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows, on the
                                   weight as q8_triton.split_q8 arranges it once at load
     f16_triton.f16_matmul         x @ W.T for an F16 matrix kept as float16 (router, compressors, indexer), T <= 4
-    hc_triton.hc_mix_triton       the hyper-connections' pre / post / Sinkhorn-normalised mixing weights
-    hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows
+    hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows;
+                                  hc_pre_long_triton for prefill chunks
     hc_triton.hc_post_triton      the streams' update (model/hc.py hc_post) of a prefill chunk
     attn_triton.attend_triton     attention over given keys and mask with sinks (model/attention.py attend), T <= 16
     attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)
     index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score),
                                   T <= 16; index_score_long_triton for prefill chunks
+    qat_triton.indexer_qat_triton  ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) of a
+                                  prefill chunk in one pass, bitwise PyTorch's
     parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where

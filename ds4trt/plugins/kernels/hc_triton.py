@@ -1,17 +1,16 @@
-"""Hyper-connection kernels (model/hc.py): the mixing weights of one sublayer input, alone or fused with the whole
-reduction of the S streams.
+"""Hyper-connection kernels (model/hc.py): the reduction of the S streams to a sublayer's input (norm, mixer
+products, Sinkhorn mixing, weighted sum) and, for prefill chunks, the streams' update.
 
-    hc_mix_triton(m [T, (2+S)*S] f32, scale [3], base [(2+S)*S], S, hc_eps, iters) -> pre [T, S], post [T, S],
-                                                                                      comb [T, S, S]
     hc_pre_triton(X [T, S, D] f32, fn [(2+S)*S, S*D] f32, scale, base, rms_eps, hc_eps, iters) -> y [T, D], post,
                                                                                                   comb
         model/hc.py hc_pre in two launches, T <= MAX_T.
+    hc_pre_long_triton(the same as hc_pre_triton) for any T (prefill chunks): _hc_dots_long, then _hc_combine
     hc_post_triton(f [T, D] f32, X [T, S, D] f32, post [T, S], comb [T, S, S]) -> [T, S, D]
         model/hc.py hc_post in one pass over X (prefill chunks; eager PyTorch made 9 passes over the streams;
         compiled steps have Inductor fuse it).
 
-hc_mix: one program per token keeps the S x S matrix in registers for all the Sinkhorn iterations (the eager
-PyTorch version is about 2 * iters small kernels, ~40 launches per call).
+The mixing (_mix) keeps a token's S x S matrix in registers for all the Sinkhorn iterations (the eager PyTorch
+version is about 2 * iters small kernels, ~40 launches per call).
 hc_pre: the RMS norm of the S*D stream values, their products with the (2+S)*S rows of fn, the mixing and the
 weighted sum y = sum_s pre[s] X[s] were 7 kernels in a compiled decode step (~14.5 us, most of it launch gaps).
 Here two: _hc_dots splits the S*D inputs of a token over SPLITS programs (fn is 1.5 MB in float32 at Flash
@@ -19,6 +18,10 @@ width: one SM would need ~10 us to read it), each storing its partial products a
 one warp per DY outputs, adds the partials in split order (deterministic), mixes (each of a token's programs
 alike: the mixing is a chain of ~40 small reductions, fastest in one warp) and writes its part of y.
 rms_norm(X) @ fn.T = rsqrt(mean(X^2) + eps) * (X @ fn.T): the scale is applied to the sums.
+_hc_dots_long, for prefill chunks, computes the same partials for a block of BT tokens per program on the tensor
+cores in "tf32x3" (each float32 operand as two tf32 parts, three products: ~2^-22 relative, float32's range, which
+the residual stream needs: float16 parts would not hold it, bfloat16 hi + lo parts gave 1e-5 relative on a mixer
+row); several programs per block of tokens over the S*D inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, 
 SPLITS = 32             # programs per token of the products, each over S*D/SPLITS inputs
 KB = 256                # inputs per loop step
 DY = 512                # outputs y per program of the combination
+# (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long (sm_90: 173 registers, no spills; BK = 128 spills)
+LONG_CONFIG = (64, 64, 8, 4)
 
 
 @triton.jit
@@ -58,15 +63,6 @@ def _mix(row, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: t
 
 
 @triton.jit
-def _hc_mix(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: tl.constexpr, S: tl.constexpr,
-            PDL: tl.constexpr):
-    pdl_enter(PDL)
-    t = tl.program_id(0)
-    _mix(m_ptr + t * ((2 + S) * S), scale_ptr, base_ptr, pre_ptr + t * S, post_ptr + t * S, comb_ptr + t * S * S,
-         hc_eps, ITERS, S)
-
-
-@triton.jit
 def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
              KC: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):
     """Program (t, split): inputs split*KC .. split*KC+KC-1 (a multiple of KB; those past S*D masked) of token t's
@@ -89,6 +85,31 @@ def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.c
     part = part_ptr + (t * SPLITS + sp) * (MP + 1)
     tl.store(part + j, tl.sum(acc, axis=1))
     tl.store(part + MP, tl.sum(sq, axis=0))
+
+
+@triton.jit
+def _hc_dots_long(x_ptr, f_ptr, part_ptr, T, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr,
+                  SPLITS: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Program (i, sp): tokens i*BT.., inputs sp*KC .. sp*KC+KC-1 (a multiple of BK; those past S*D masked) -> for
+    each token part[t, sp] = (its MP dot products with fn's rows, its sum of squares). f: fn [MP, S*D] float32,
+    rows past (2+S)*S zero."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    tm = t < T
+    sp = tl.program_id(1)
+    j = tl.arange(0, MP)
+    acc = tl.zeros([BT, MP], tl.float32)
+    sq = tl.zeros([BT], tl.float32)
+    for k0 in range(0, KC, BK):
+        k = sp * KC + k0 + tl.arange(0, BK)
+        km = k < S * D
+        x = tl.load(x_ptr + t.to(tl.int64)[:, None] * (S * D) + k[None, :], mask=tm[:, None] & km[None, :],
+                    other=0.0)                                                                            # [BT, BK]
+        sq += tl.sum(x * x, axis=1)
+        f = tl.load(f_ptr + j[None, :] * (S * D) + k[:, None], mask=km[:, None], other=0.0)               # [BK, MP]
+        acc = tl.dot(x, f, acc, input_precision="tf32x3")
+    part = part_ptr + (t.to(tl.int64) * SPLITS + sp) * (MP + 1)
+    tl.store(part[:, None] + j[None, :], acc, mask=tm[:, None])
+    tl.store(part + MP, sq, mask=tm)
 
 
 @triton.jit
@@ -134,6 +155,29 @@ def _hc_post(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, S: tl.constexpr, D: tl.c
     tl.store(out_ptr + (t * S + b[:, None]) * D + d[None, :], out, mask=dm[None, :])
 
 
+def hc_pre_long_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+                       hc_eps: float, iters: int, config: tuple[int, int, int, int] | None = None):
+    """model/hc.py hc_pre for float32 X [T, S, D] (any T; S a power of two) -> y [T, D], post [T, S],
+    comb [T, S, S]. config: LONG_CONFIG's fields, overriding it (sweeps)."""
+    T, S, D = X.shape
+    M = (2 + S) * S
+    bt, bk, splits, warps = config or LONG_CONFIG
+    if S & (S - 1) or X.dtype != torch.float32 or fn.shape != (M, S * D) or fn.dtype != torch.float32 or iters < 1:
+        raise ValueError(f"hc_pre_long_triton: expected X float32 [T, S, D] (S a power of two) and fn float32 "
+                         f"[{M}, S*D], got X {X.dtype} {list(X.shape)}, fn {fn.dtype} {list(fn.shape)}, "
+                         f"iters = {iters}")
+    MP = max(16, triton.next_power_of_2(M))
+    X = X.contiguous()
+    fp = torch.zeros(MP, S * D, dtype=torch.float32, device=X.device)
+    fp[:M] = fn
+    part = torch.empty(T, splits, MP + 1, dtype=torch.float32, device=X.device)
+    if T:
+        _hc_dots_long[(triton.cdiv(T, bt), splits)](X, fp, part, T, S=S, D=D, MP=MP, SPLITS=splits,
+                                                    KC=triton.cdiv(triton.cdiv(S * D, splits), bk) * bk, BT=bt,
+                                                    BK=bk, num_warps=warps)
+    return _combined(X, part, scale, base, rms_eps, hc_eps, iters, dict(PDL=False))
+
+
 def hc_post_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """model/hc.py hc_post for float32 f [T, D], X [T, S, D], post [T, S], comb [T, S, S] (S a power of two)."""
     T, S, D = X.shape
@@ -150,22 +194,6 @@ def hc_post_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: t
     return out
 
 
-def hc_mix_triton(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float, iters: int):
-    """model/hc.py hc_mix for float32 inputs; S must be a power of two (DeepSeek V4: 4)."""
-    T = m.shape[0]
-    if S & (S - 1) or m.shape != (T, (2 + S) * S) or m.dtype != torch.float32 or iters < 1:
-        raise ValueError(f"hc_mix_triton: expected float32 [T, {(2 + S) * S}] with S a power of two and iters >= 1, "
-                         f"got {m.dtype} {list(m.shape)}, S = {S}, iters = {iters}")
-    m, scale, base = m.contiguous(), scale.float().contiguous(), base.float().contiguous()
-    pre = torch.empty(T, S, dtype=torch.float32, device=m.device)
-    post = torch.empty_like(pre)
-    comb = torch.empty(T, S, S, dtype=torch.float32, device=m.device)
-    if T:
-        _hc_mix[(T,)](m, scale, base, pre, post, comb, float(hc_eps), ITERS=iters, S=S, num_warps=1,
-                      **pdl_launch(m.device))
-    return pre, post, comb
-
-
 def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
                   hc_eps: float, iters: int):
     """model/hc.py hc_pre for float32 X [T, S, D], 1 <= T <= MAX_T, S a power of two -> y [T, D], post [T, S],
@@ -179,17 +207,27 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
                          f"iters = {iters}")
     MP = triton.next_power_of_2(M)
     X, fn = X.contiguous(), fn.contiguous()
-    scale, base = scale.float().contiguous(), base.float().contiguous()
-    ny = triton.cdiv(D, DY)
     part = torch.empty(T, SPLITS, MP + 1, dtype=torch.float32, device=X.device)
-    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)      # rows of programs c > 0: scratch
+    pdl = pdl_launch(X.device)
+    _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
+                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
+    return _combined(X, part, scale, base, rms_eps, hc_eps, iters, pdl)
+
+
+def _combined(X: torch.Tensor, part: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+              hc_eps: float, iters: int, pdl: dict):
+    """_hc_combine on the partials part [T, splits, MP + 1] of X [T, S, D] -> y [T, D], post [T, S], comb [T, S, S]
+    (the program of each token's first output block stores its m, pre, post and comb, the others scratch rows)."""
+    T, S, D = X.shape
+    splits, MP = part.shape[1], part.shape[2] - 1
+    ny = triton.cdiv(D, DY)
+    m = torch.empty(T * (1 + ny), MP, dtype=torch.float32, device=X.device)
     y = torch.empty(T, D, dtype=torch.float32, device=X.device)
     pre = torch.empty(T * (1 + ny), S, dtype=torch.float32, device=X.device)
     post = torch.empty_like(pre)
     comb = torch.empty(T * (1 + ny), S, S, dtype=torch.float32, device=X.device)
-    pdl = pdl_launch(X.device)
-    _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
-                          KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
-    _hc_combine[(T, ny)](X, part, m, scale, base, y, pre, post, comb, float(rms_eps), float(hc_eps), ITERS=iters,
-                         S=S, D=D, MP=MP, SPLITS=SPLITS, DY=DY, num_warps=1, **pdl)
+    if T:
+        _hc_combine[(T, ny)](X, part, m, scale.float().contiguous(), base.float().contiguous(), y, pre, post, comb,
+                             float(rms_eps), float(hc_eps), ITERS=iters, S=S, D=D, MP=MP, SPLITS=splits, DY=DY,
+                             num_warps=1, **pdl)
     return y, post[:T], comb[:T]

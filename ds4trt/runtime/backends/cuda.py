@@ -13,7 +13,8 @@ tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one k
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton); a prefill chunk's attention, indexer scores and stream update as one
-kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
+kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores), the
+rounding of its indexer queries too (qat_triton, bitwise PyTorch's).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -39,14 +40,15 @@ import torch.nn as nn
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, top_rows
-from ds4trt.model.hc import hc_post, hc_pre
+from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
+from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, route_triton, \
-    topk_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, qat_triton, \
+    route_triton, topk_triton
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
@@ -88,18 +90,6 @@ def moe_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_block
 @moe_op.register_fake
 def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp):
     return v.new_empty(v.shape[0], ids.shape[1], v.shape[1])
-
-
-@torch.library.custom_op("ds4trt::hc_mix", mutates_args=())
-def hc_mix_op(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float,
-              sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return hc_triton.hc_mix_triton(m, scale, base, S, hc_eps, sinkhorn_iters)
-
-
-@hc_mix_op.register_fake
-def _(m, scale, base, S, hc_eps, sinkhorn_iters):
-    T = m.shape[0]
-    return m.new_empty(T, S), m.new_empty(T, S), m.new_empty(T, S, S)
 
 
 @torch.library.custom_op("ds4trt::hc_pre", mutates_args=())
@@ -187,12 +177,21 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
     return route(logits, bias, tid2eid, tokens, k, scale)
 
 
+def qat_kernel(x):
+    """model/numerics.py indexer_qat of the indexer's queries on this backend: the PyTorch version for steps of up
+    to hc_triton.MAX_T tokens (a compiled step fuses it), else one kernel (prefill chunks; bitwise the same)."""
+    if x.shape[0] <= hc_triton.MAX_T:
+        return indexer_qat(x)
+    return qat_triton.indexer_qat_triton(x, min(FP4_BLOCK, x.shape[-1]), FP4_MIN_AMAX)
+
+
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
     """model/hc.py hc_pre on this backend: one fused kernel for steps of up to hc_triton.MAX_T tokens (decode,
-    verify, draft), else the PyTorch version with the mixing kernel (prefill chunks)."""
+    verify, draft), else the prefill chunks' two (tf32x3 tensor-core products of blocks of tokens, then the mixing
+    and the weighted sum)."""
     if X.shape[0] <= hc_triton.MAX_T:
         return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
-    return hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, hc_mix_op)
+    return hc_triton.hc_pre_long_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
 
 
 def hc_combine(f, X, post, comb):
@@ -349,8 +348,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do a prefill chunk's attention, indexer scores and stream update (attend_kernel,
-    index_score_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup:
+    route_kernel), and so do a prefill chunk's attention, indexer scores, indexer query rounding and stream update
+    (attend_kernel, index_score_kernel, qat_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup:
     attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
@@ -362,6 +361,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
             m.group = LinearGroup(m.u_projections)
+            if getattr(m, "qat", None) is indexer_qat:
+                m.qat = qat_kernel
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))
             m.route = route_kernel
