@@ -702,6 +702,7 @@ def test_every_variant_compiles_for_sm90():
                     ok(W.q8_rows(K, br, w, steps, splits, T))
             ok(W.q8_multi(K))
             ok(W.dequant_parts(K))
+            ok(W.x_parts(K, 8))
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())

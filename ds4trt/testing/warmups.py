@@ -88,6 +88,12 @@ def dequant_parts(K: int, N: int = 4096):
                                            num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
 
 
+def x_parts(K: int, G: int):
+    """the prefill projections' input split (no PDL)"""
+    return q8_triton._x_parts.warmup(F32, I16, 2048, K=K, GK=G * K, BT=q8_triton.X_PARTS_BT, BK=q8_triton.X_PARTS_BK,
+                                     num_warps=q8_triton.PARTS_WARPS, grid=(1,))
+
+
 def top_rows(N: int, k: int = 512):
     return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=8, **LAUNCH)
 
