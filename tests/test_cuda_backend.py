@@ -56,18 +56,19 @@ def test_split_q8_dequantizes_exactly():
     assert torch.equal(got, torch.from_numpy(ref))
 
 
-@needs_triton
+@kernels
 def test_split_runs_splits_each_chunk_exactly_enough():
     """moe_triton.split_runs (the multi-pair MoE kernels' activations): per 256-value chunk a power-of-two scale
     with |x * scale| < 1, x * scale = hi + lo to 2^-22 of the chunk's largest |x|, the 16-value run sums likewise,
-    inv * scale = 1; chunks of zeros and of tiny or huge values included (fresh random rows)."""
+    inv * scale = 1; chunks of zeros and of tiny or huge values included, chunks past a whole program (fresh random
+    rows)."""
     from ds4trt.plugins.kernels import moe_triton
 
     g = torch.Generator().manual_seed(11)
     R, K = 5, 1024
     x = torch.randn(R, K, generator=g) * torch.logspace(-30, 30, R)[:, None]
     x[2, 256:512] = 0
-    hi, lo, shi, slo, inv = moe_triton.split_runs(x)
+    hi, lo, shi, slo, inv = (a.cpu() for a in moe_triton.split_runs(x.to(DEVICE)))
     assert (hi.dtype, lo.dtype, shi.dtype, slo.dtype, inv.dtype) == (torch.float16,) * 4 + (torch.float32,)
     assert hi.shape == lo.shape == (R, K) and shi.shape == slo.shape == (R, K // 16) and inv.shape == (R, K // 256)
     xc = x.double().reshape(R, K // 256, 256)

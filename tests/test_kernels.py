@@ -703,6 +703,7 @@ def test_every_variant_compiles_for_sm90():
             n += 1
         for P, D in ((6, 4096), (96, 512)):
             ok(W.moe_prepare(P, D))
+        ok(W.split_runs())
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
                 (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]

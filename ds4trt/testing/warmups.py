@@ -38,6 +38,10 @@ def moe_prepare(P: int, D: int):
                                  num_warps=4, **LAUNCH)
 
 
+def split_runs():
+    return M._split_runs.warmup(F32, F16, F16, F16, F16, F32, 4096, CB=M.SPLIT_CHUNKS, num_warps=4, **LAUNCH)
+
+
 def moe_gateup_single(gate: int, up: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
                       maxnreg: int | None = None):
     return M._moe_gateup_single.warmup(
