@@ -28,6 +28,7 @@ from tiny_engines import PROMPT, greedy, tiny_files
 
 if HAVE_TRITON:
     from ds4trt.plugins.kernels import q8_triton
+    from ds4trt.plugins.kernels.parts import split_parts
     from ds4trt.runtime.backends import cuda
 
 torch.set_num_threads(1)
@@ -55,18 +56,19 @@ def test_split_q8_dequantizes_exactly():
     assert torch.equal(got, torch.from_numpy(ref))
 
 
-@needs_triton
+@kernels
 def test_split_runs_splits_each_chunk_exactly_enough():
     """moe_triton.split_runs (the multi-pair MoE kernels' activations): per 256-value chunk a power-of-two scale
     with |x * scale| < 1, x * scale = hi + lo to 2^-22 of the chunk's largest |x|, the 16-value run sums likewise,
-    inv * scale = 1; chunks of zeros and of tiny or huge values included (fresh random rows)."""
+    inv * scale = 1; chunks of zeros and of tiny or huge values included, chunks past a whole program (fresh random
+    rows)."""
     from ds4trt.plugins.kernels import moe_triton
 
     g = torch.Generator().manual_seed(11)
     R, K = 5, 1024
     x = torch.randn(R, K, generator=g) * torch.logspace(-30, 30, R)[:, None]
     x[2, 256:512] = 0
-    hi, lo, shi, slo, inv = moe_triton.split_runs(x)
+    hi, lo, shi, slo, inv = (a.cpu() for a in moe_triton.split_runs(x.to(DEVICE)))
     assert (hi.dtype, lo.dtype, shi.dtype, slo.dtype, inv.dtype) == (torch.float16,) * 4 + (torch.float32,)
     assert hi.shape == lo.shape == (R, K) and shi.shape == slo.shape == (R, K // 16) and inv.shape == (R, K // 256)
     xc = x.double().reshape(R, K // 256, 256)
@@ -171,6 +173,22 @@ def test_dequant_bf16_parts_equals_the_torch_split(K):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"N = {N}: parts differ"
         hi, lo = _truncated_bf16_parts(w.cpu())
         assert (hi != want[:, :K].view(torch.int16)).any() and (lo != want[:, K:2 * K].view(torch.int16)).any()
+
+
+@kernels
+@pytest.mark.parametrize("groups", [1, 8])
+def test_x_bf16_parts_equals_the_torch_split(groups):
+    """q8_triton.x_bf16_parts (the input operand of long prefill chunks' products) bit for bit the torch split
+    (parts.split_parts, bf16 rounded to nearest even), laid out hi | hi | lo per group: fresh random rows of
+    magnitudes 1e-30 .. 1e30, row and input counts past a whole tile."""
+    g = torch.Generator().manual_seed(41 + groups)
+    for T, K in ((1, 64), (37, 300)):
+        x = torch.randn(T, groups * K, generator=g) * torch.logspace(-30, 30, groups * K)
+        got = q8_triton.x_bf16_parts(x.to(DEVICE), groups).cpu()
+        hi, lo = split_parts(x.reshape(T, groups, K), torch.bfloat16)
+        assert got.shape == (T, groups, 3 * K)
+        for part, want in ((got[..., :K], hi), (got[..., K:2 * K], hi), (got[..., 2 * K:], lo)):
+            assert torch.equal(part.view(torch.int16), want.view(torch.int16)), f"T = {T}, K = {K}: parts differ"
 
 
 def _truncated_bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -424,6 +424,26 @@ def test_attend_vs_float64(shape):
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 
 
+@pytest.mark.parametrize("shape", [(300, 64, 512, 64), (37, 3, 48, 12)] if GPU else [(19, 5, 64, 16), (7, 3, 48, 12)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_head_norm_rope_vs_float64(shape):
+    """The prefill chunks' query norm + RoPE against model/attention.py head_norm_rope in float64: fresh random
+    queries at magnitudes 1e-3 .. 1e3 and angles of positions up to 1e5; Flash's shape, and a head width and a
+    rotated tail that are not powers of two (padded in the kernel)."""
+    from ds4trt.model.attention import head_norm_rope
+    from ds4trt.plugins.kernels.rope_triton import head_norm_rope_triton
+
+    T, H, d, nr = shape
+    g = torch.Generator().manual_seed(_seed("head_norm_rope", *shape))
+    x = torch.randn(T, H, d, generator=g) * torch.logspace(-3, 3, T)[:, None, None]
+    ang = torch.rand(T, 1, generator=g, dtype=torch.float64) * 1e5 * torch.logspace(-4, 0, nr // 2, dtype=torch.float64)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    want = head_norm_rope(x.double(), cos, sin, 1e-6)
+    got = head_norm_rope_triton(x.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), 1e-6)
+    assert got.shape == want.shape
+    assert _rel(got, want) <= TOL, f"relative error {_rel(got, want):.2e}"
+
+
 def test_indexer_qat_kernel_equals_numerics_bitwise():
     """The prefill chunks' indexer rounding against model/numerics.py indexer_qat (PyTorch, on the CPU), bit for
     bit: fresh random rows at magnitudes from 1e-30 to 1e30, a zero row (amax at its floor), the unit row (every
@@ -683,6 +703,7 @@ def test_every_variant_compiles_for_sm90():
             n += 1
         for P, D in ((6, 4096), (96, 512)):
             ok(W.moe_prepare(P, D))
+        ok(W.split_runs())
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
                 (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
@@ -702,6 +723,8 @@ def test_every_variant_compiles_for_sm90():
                     ok(W.q8_rows(K, br, w, steps, splits, T))
             ok(W.q8_multi(K))
             ok(W.dequant_parts(K))
+            ok(W.x_parts(K, 8))
+        ok(W.head_norm_rope(64, 512, 64))
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())

@@ -44,6 +44,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Te
     return torch.einsum("thk,kd->thd", p, k)                    # V = K
 
 
+def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """The queries' per-head RMS norm (no weight), then RoPE on each head's tail. x: [T, H, d]; cos, sin:
+    [T, n_rot/2] -> [T, H, d]"""
+    return apply_rope_tail(rms_norm(x, None, eps), cos[:, None], sin[:, None])
+
+
 def index_score(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The indexer's score of each compressed row: w [t, nh] head weights, q [t, nh, di] queries, keys [K, di]
     -> [t, K] = sum over heads of w * relu(q . key)."""
@@ -151,8 +157,9 @@ class Attention(nn.Module):
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
         self.attend = attend             # a backend may set kernels with the signatures of attend, index_score,
-        self.index_score = index_score   # top_rows and project_group (fewer launches for u_projections)
-        self.top_rows = top_rows
+        self.index_score = index_score   # top_rows, head_norm_rope and project_group (fewer launches for
+        self.top_rows = top_rows         # u_projections)
+        self.head_norm_rope = head_norm_rope
         self.group = project_group
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
@@ -164,11 +171,9 @@ class Attention(nn.Module):
         u = rms_norm(y, self.norm, cfg.rms_eps)
         qa, kva, *uc = self.group(u, *self.u_projections)       # uc: the compressors' (and indexer's) products
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
-        q = rms_norm(self.q_b(qn).reshape(T, H, d), None, cfg.rms_eps)
-        kv = rms_norm(kva, self.kv_norm, cfg.rms_eps)            # [T, d]
         cos, sin = rope_cos_sin(self.freq, pos)
-        q = apply_rope_tail(q, cos[:, None], sin[:, None])
-        kv = apply_rope_tail(kv, cos, sin)
+        q = self.head_norm_rope(self.q_b(qn).reshape(T, H, d), cos, sin, cfg.rms_eps)   # [T, H, d]
+        kv = apply_rope_tail(rms_norm(kva, self.kv_norm, cfg.rms_eps), cos, sin)       # [T, d]
         if self.ds4:
             kv = round_f16(self.fp8(kv))
         rows = LayerRows(raw=kv)

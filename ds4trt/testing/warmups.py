@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
-    route_triton, topk_triton
+    rope_triton, route_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
 I64, I32, I16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
@@ -36,6 +36,10 @@ def _reg(maxnreg: int | None) -> dict:
 def moe_prepare(P: int, D: int):
     return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, ITEM_CAP=16, PB=max(16, 1 << (P - 1).bit_length()), D=D,
                                  num_warps=4, **LAUNCH)
+
+
+def split_runs():
+    return M._split_runs.warmup(F32, F16, F16, F16, F16, F32, 4096, CB=M.SPLIT_CHUNKS, num_warps=4, **LAUNCH)
 
 
 def moe_gateup_single(gate: int, up: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
@@ -86,6 +90,19 @@ def q8_multi(K: int):
 def dequant_parts(K: int, N: int = 4096):
     return q8_triton._dequant_parts.warmup(U8, F16, I16, N, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
                                            num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
+
+
+def head_norm_rope(H: int, D: int, NR: int):
+    """the prefill queries' norm + RoPE (no PDL)"""
+    R = rope_triton
+    return R._head_norm_rope.warmup(F32, F32, F32, F32, H, 1e-6, D=D, DP=1 << (D - 1).bit_length(), NR=NR,
+                                    NP=1 << (NR // 2 - 1).bit_length(), HB=R.HEADS, num_warps=R.WARPS, grid=(1,))
+
+
+def x_parts(K: int, G: int):
+    """the prefill projections' input split (no PDL)"""
+    return q8_triton._x_parts.warmup(F32, I16, 2048, K=K, GK=G * K, BT=q8_triton.X_PARTS_BT, BK=q8_triton.X_PARTS_BK,
+                                     num_warps=q8_triton.PARTS_WARPS, grid=(1,))
 
 
 def top_rows(N: int, k: int = 512):

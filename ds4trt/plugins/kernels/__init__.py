@@ -14,6 +14,7 @@
                                   T <= 16; index_score_long_triton for prefill chunks
     qat_triton.indexer_qat_triton  ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) of a
                                   prefill chunk in one pass, bitwise PyTorch's
+    rope_triton.head_norm_rope_triton  the attention queries' per-head norm and RoPE of a prefill chunk in one pass
     parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where

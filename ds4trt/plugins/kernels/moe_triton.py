@@ -98,6 +98,7 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # next (32, 8) +1.4 us, (32, 4) +5.2 us: with fewer instructions the loop is latency-bound and more programs pay).
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
+SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
 # tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
 # (6 experts shared by T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4).
@@ -780,6 +781,29 @@ def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y
 
 
 @triton.jit
+def _split_runs(x_ptr, hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, NC, CB: tl.constexpr, PDL: tl.constexpr):
+    """Program i: the 256-value chunks i*CB .. of x seen as [NC, 256] (see split_runs)."""
+    pdl_enter(PDL)
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    cm = c < NC
+    c64 = c.to(tl.int64)
+    off = c64[:, None] * 256 + tl.arange(0, 256)[None, :]
+    x = tl.load(x_ptr + off, mask=cm[:, None], other=0.0)                             # [CB, 256]
+    e = tl.minimum((tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True) >> 23) & 255, 252)
+    scale = ((253 - e) << 23).to(tl.float32, bitcast=True)[:, None]                   # 2^(126 - e)
+    xs = x * scale
+    hi = xs.to(tl.float16)
+    tl.store(hi_ptr + off, hi, mask=cm[:, None])
+    tl.store(lo_ptr + off, (xs - hi.to(tl.float32)).to(tl.float16), mask=cm[:, None])
+    s16 = tl.sum(tl.reshape(x, (CB, 16, 16)), axis=2) * scale                         # [CB, 16]
+    shi = s16.to(tl.float16)
+    soff = c64[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(shi_ptr + soff, shi, mask=cm[:, None])
+    tl.store(slo_ptr + soff, (s16 - shi.to(tl.float32)).to(tl.float16), mask=cm[:, None])
+    tl.store(inv_ptr + c64, ((e + 1) << 23).to(tl.float32, bitcast=True), mask=cm)
+
+
+@triton.jit
 def _load_split(hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, rows, pm, sb, K: tl.constexpr, CAP: tl.constexpr):
     """Block sb's 256 activations of each of CAP pair slots as split_runs stored them: rows [CAP] int64 (the
     slots' rows of the split arrays, K values each), pm [CAP] the live slots -> hi, lo [256, CAP] f16, shi, slo
@@ -925,19 +949,20 @@ def split_runs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The multi-pair kernels' activations, split once per call: x float32 [R, K] (K % 256 == 0) -> hi, lo f16
     [R, K], shi, slo f16 [R, K/16], inv float32 [R, K/256]. Per 256-value chunk with e the biased exponent of its
     largest |x| (at most 252): scale = 2^(126-e) (|x * scale| < 1), x * scale = hi + lo to 2^-22 of the largest
-    |x|, the sums of x * scale over 16-value runs = shi + slo likewise, inv = 1 / scale (both powers of two)."""
+    |x|, the sums of x * scale over 16-value runs = shi + slo likewise, inv = 1 / scale (both powers of two).
+    One kernel (_split_runs; in PyTorch it was ~20 launches, inside every captured verify step of more than
+    SINGLE_MAX_T rows twice per layer)."""
     R, K = x.shape
-    xc = x.reshape(R, K // QK, QK)
-    e = torch.clamp((xc.abs().amax(dim=2).view(torch.int32) >> 23) & 255, max=252)
-    scale = ((253 - e) << 23).view(torch.float32)[..., None]
-    inv = ((e + 1) << 23).view(torch.float32)
-    xs = xc * scale
-    hi = xs.to(torch.float16)
-    lo = (xs - hi.float()).to(torch.float16)
-    s16 = xc.reshape(R, K // QK, 16, 16).sum(dim=3) * scale
-    shi = s16.to(torch.float16)
-    slo = (s16 - shi.float()).to(torch.float16)
-    return hi.reshape(R, K), lo.reshape(R, K), shi.reshape(R, K // 16), slo.reshape(R, K // 16), inv
+    if x.dtype != torch.float32 or K % QK:
+        raise ValueError(f"split_runs: expected float32 [R, K] with K % {QK} == 0, got {x.dtype} {list(x.shape)}")
+    hi, lo = (torch.empty(R, K, dtype=torch.float16, device=x.device) for _ in range(2))
+    shi, slo = (torch.empty(R, K // 16, dtype=torch.float16, device=x.device) for _ in range(2))
+    inv = torch.empty(R, K // QK, dtype=torch.float32, device=x.device)
+    n = R * (K // QK)
+    if n:
+        _split_runs[(triton.cdiv(n, SPLIT_CHUNKS),)](x.contiguous(), hi, lo, shi, slo, inv, n, CB=SPLIT_CHUNKS,
+                                                      num_warps=4, **pdl_launch(x.device))
+    return hi, lo, shi, slo, inv
 
 
 def xq_words(D: int) -> int:

@@ -8,6 +8,7 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     dequant_bf16_parts(quants, scales, K) -> bfloat16 [N, 3K]: each row's values d * q as hi | lo | hi, bf16
         parts with d * q = hi + lo (to 2^-17 of |d * q|), the weight operand of the CUDA backend's long prefill
         chunks (runtime/backends/cuda.py project_bf16_parts).
+    x_bf16_parts(x [T, G*K] f32, G) -> bfloat16 [T, G, 3K]: x's parts hi | hi | lo per group, its input side.
 
 Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
 In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants are only 2-byte aligned and a
@@ -61,6 +62,7 @@ MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs 
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
 MMA_BR, MMA_WARPS = 64, 4
 PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_bf16_parts' tile: rows, values, warps
+X_PARTS_BT, X_PARTS_BK = 16, 256                  # x_bf16_parts' tile: rows, inputs (PARTS_WARPS warps)
 
 
 @triton.jit
@@ -196,6 +198,23 @@ def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, 
 
 
 @triton.jit
+def _x_parts(x_ptr, out_ptr, T, K: tl.constexpr, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Program (p, s): rows p*BT.. and inputs s*BK.. of x [T, GK] (G groups of K) -> out int16 [T, G, 3K], per
+    group the bf16 bits of hi | hi | lo (hi = x rounded to nearest even, lo = the residual likewise)."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (rows < T)[:, None] & (k < GK)[None, :]
+    r = rows.to(tl.int64)[:, None]
+    v = tl.load(x_ptr + r * GK + k[None, :], mask=mask, other=0.0)
+    hi = _bf16_bits(v)
+    lo = _bf16_bits(v - (hi << 16).to(tl.float32, bitcast=True))
+    o = out_ptr + r * (3 * GK) + (k // K * (3 * K) + k % K)[None, :]
+    tl.store(o, hi.to(tl.int16), mask=mask)
+    tl.store(o + K, hi.to(tl.int16), mask=mask)
+    tl.store(o + 2 * K, lo.to(tl.int16), mask=mask)
+
+
+@triton.jit
 def _bf16_bits(v):
     """float32 v (finite) -> int32 holding in its low 16 bits the bits of v rounded to bfloat16, to nearest even."""
     b = v.to(tl.int32, bitcast=True)
@@ -304,6 +323,21 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
     _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps,
                                      **pdl_launch(x.device))
+    return out
+
+
+def x_bf16_parts(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """The input side of project_bf16_parts (runtime/backends/cuda.py) in one pass: x float32 [T, G*K] -> bfloat16
+    [T, G, 3K], per group hi | hi | lo: bit for bit parts.split_parts(x, torch.bfloat16)'s hi and lo (PyTorch made
+    them in four passes and a concatenation)."""
+    T, GK = x.shape
+    if x.dtype != torch.float32 or GK % groups:
+        raise ValueError(f"x_bf16_parts: expected float32 [T, G*K] with G = {groups} groups, got {x.dtype} "
+                         f"{list(x.shape)}")
+    out = torch.empty(T, groups, 3 * (GK // groups), dtype=torch.bfloat16, device=x.device)
+    _x_parts[(triton.cdiv(T, X_PARTS_BT), triton.cdiv(GK, X_PARTS_BK))](
+        x.contiguous(), out.view(torch.int16), T, K=GK // groups, GK=GK, BT=X_PARTS_BT, BK=X_PARTS_BK,
+        num_warps=PARTS_WARPS)
     return out
 
 

@@ -14,7 +14,7 @@ The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn 
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
 indexer's scores as one (index_triton); a prefill chunk's attention, indexer scores and stream update as one
 kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores), the
-rounding of its indexer queries too (qat_triton, bitwise PyTorch's).
+rounding of its indexer queries too (qat_triton, bitwise PyTorch's), and its queries' norm and RoPE (rope_triton).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -39,7 +39,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, top_rows
+from ds4trt.model.attention import Attention, head_norm_rope, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -48,7 +48,7 @@ from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, qat_triton, \
-    route_triton, topk_triton
+    rope_triton, route_triton, topk_triton
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
@@ -177,6 +177,14 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
     return route(logits, bias, tid2eid, tokens, k, scale)
 
 
+def head_norm_rope_kernel(q, cos, sin, eps: float):
+    """model/attention.py head_norm_rope on this backend: the PyTorch version for steps of up to hc_triton.MAX_T
+    tokens (a compiled step fuses it), else one kernel (prefill chunks)."""
+    if q.shape[0] <= hc_triton.MAX_T:
+        return head_norm_rope(q, cos, sin, eps)
+    return rope_triton.head_norm_rope_triton(q, cos, sin, eps)
+
+
 def qat_kernel(x):
     """model/numerics.py indexer_qat of the indexer's queries on this backend: the PyTorch version for steps of up
     to hc_triton.MAX_T tokens (a compiled step fuses it), else one kernel (prefill chunks; bitwise the same)."""
@@ -236,13 +244,12 @@ def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
 def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
     prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
-    x split likewise (parts.split_parts) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below
+    x split likewise (q8_triton.x_bf16_parts, one pass) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below
     2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6 relative on
     random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
     bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
     G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
-    xh, xl = split_parts(x.reshape(-1, G, K), torch.bfloat16)
-    a = torch.cat((xh, xh, xl), dim=2).transpose(0, 1)                   # [G, T, 3K]
+    a = q8_triton.x_bf16_parts(x.reshape(-1, G * K), G).transpose(0, 1)   # [G, T, 3K]
     b = wparts.reshape(G, N // G, 3 * K).transpose(1, 2)                 # [G, 3K, N/G]
     if a.is_cuda:
         y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
@@ -348,8 +355,9 @@ def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do a prefill chunk's attention, indexer scores, indexer query rounding and stream update
-    (attend_kernel, index_score_kernel, qat_kernel, hc_combine); the projections of one input become one launch per weight type (LinearGroup:
+    route_kernel), and so do a prefill chunk's query norm and RoPE, attention, indexer scores, indexer query rounding
+    and stream update (head_norm_rope_kernel, attend_kernel, index_score_kernel, qat_kernel, hc_combine); the
+    projections of one input become one launch per weight type (LinearGroup:
     attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
@@ -360,6 +368,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.attend = attend_kernel
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
+            m.head_norm_rope = head_norm_rope_kernel
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
                 m.qat = qat_kernel
