@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run one benchmark command on several commits in a single GPU call (A/B of kernel variants on branches).
 #
-#   here:    bash scripts/bench_revs.sh stage REV...     # revs/<REV>/: that commit's ds4trt/, scripts/, tests/
+#   here:    bash scripts/bench_revs.sh stage REV...     # revs/<REV>/: that commit's ds4trt/, scripts/, tests/ and
+#                                                         # pyproject.toml (so that pytest run there takes the
+#                                                         # commit's tree as its rootdir and imports its ds4trt)
 #   device:  bash scripts/bench_revs.sh run 'python3 scripts/bench_kernels.py --cases moe --no-sweep'
 #            (carry [".whl", "revs"]: both folders are ignored by git)
 #
@@ -17,7 +19,7 @@ stage)
     rm -rf revs
     for rev in "$@"; do
         dir="revs/$(git rev-parse --short "$rev")" || exit 2
-        mkdir -p "$dir" && git archive "$rev" ds4trt scripts tests | tar -x -C "$dir" || exit 2
+        mkdir -p "$dir" && git archive "$rev" ds4trt scripts tests pyproject.toml | tar -x -C "$dir" || exit 2
         echo "$rev -> $dir"
     done
     ;;
