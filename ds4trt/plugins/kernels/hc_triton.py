@@ -20,8 +20,8 @@ alike: the mixing is a chain of ~40 small reductions, fastest in one warp) and w
 rms_norm(X) @ fn.T = rsqrt(mean(X^2) + eps) * (X @ fn.T): the scale is applied to the sums.
 _hc_dots_long, for prefill chunks, computes the same partials for a block of BT tokens per program on the tensor
 cores in "tf32x3" (each float32 operand as two tf32 parts, three products: ~2^-22 relative, float32's range, which
-the residual stream needs: float16 parts would not hold it, bfloat16 hi + lo parts gave 1e-5 relative on a mixer
-row); several programs per block of tokens over the S*D inputs.
+the residual stream needs: float16 parts would not hold it, and bfloat16 hi + lo parts missed the 1e-5 float64
+test on the H200); several programs per block of tokens over the S*D inputs.
 """
 
 from __future__ import annotations
