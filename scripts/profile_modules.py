@@ -10,6 +10,7 @@ contains `ffn.experts`), so shares do not add up to 100 %; what a part leaves to
   block                      one layer;  hc.reduce / hc.combine  the hyper-connections' reduction / update
   attn[rR]                   the attention of a layer of compress ratio R (0: window only)
   attn.group / q_b / out_a / out_b / index_q_b     the projections; attn.attend[rR] the attention products
+  attn.head_norm_rope        the queries' per-head norm and RoPE
   attn._indexer_top, attn.index_score, attn.top_rows, attn.compressor.emit, attn.index_compressor.emit
   ffn, ffn.experts (routed MoE), ffn.route, ffn.gate_inp, ffn.group (shared gate + up), ffn.sh_down, head
 Events serialize nothing, but each pair is a record on the stream: the total is a little above bench_decode's.
@@ -61,6 +62,7 @@ class Timer:
             a, f = block.attn, block.ffn
             a.forward, a.group = w(f"attn[{kind}]", a.forward), w("attn.group (u projections)", a.group)
             a.attend = w(f"attn.attend[{kind}]", a.attend)
+            a.head_norm_rope = w("attn.head_norm_rope", a.head_norm_rope)
             a.index_score, a.top_rows = w("attn.index_score", a.index_score), w("attn.top_rows", a.top_rows)
             modules = {"attn.q_b": a.q_b, "attn.out_a": a.out_a, "attn.out_b": a.out_b, "ffn": f,
                        "ffn.experts": f.experts, "ffn.sh_down": f.sh_down, "ffn.gate_inp": f.gate_inp, "block": block}
