@@ -546,6 +546,8 @@ def main() -> int:
             print(f"FAILED {r['name']}: {r['error'][:200]}")
     for mix in MIXES:
         s1, s4, fl = summary[f"{mix}_T1"], summary[f"{mix}_T4"], summary[f"{mix}_floor"]
+        if math.isnan(s1["step_us"]):               # the cases it adds up were not run
+            continue
         print(f"{mix} decode step (T=1): 43 x (MoE {s1['layer_moe_us']:.1f} + Q8_0 {s1['layer_q8_us']:.1f}) us "
               f"+ F16 at floor {s1['f16_at_floor_us']:.0f} us + LM head {s1['lm_head_us']:.1f} us = "
               f"{s1['step_us'] / 1e3:.2f} ms -> {s1['tokens_per_s']:.0f} tok/s; whole-model floor "
@@ -559,7 +561,7 @@ def main() -> int:
                   f"{r['layers_tokens_per_s']:.0f} tokens/s for the routed experts of 43 layers alone")
     shared = {mix: [(r["T"], r["time_us"]) for r in results if r["kind"] == "moe" and r["mix"] == mix
                     and r["routing"] == "shared"] for mix in MIXES}
-    for mix in MIXES:
+    for mix in (m for m in MIXES if shared[m]):
         t1 = t_of(lambda r: r["kind"] == "moe" and r["mix"] == mix and r["routing"] == "random" and r["T"] == 1)
         print(f"{mix} MoE, all T tokens on the same 6 experts, time / T=1 time: "
               + ", ".join(f"T={T}: {us / t1:.2f}" for T, us in shared[mix]))
