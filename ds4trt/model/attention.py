@@ -156,9 +156,11 @@ class Attention(nn.Module):
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
-        self.attend = attend             # a backend may set kernels with the signatures of attend, index_score,
-        self.index_score = index_score   # top_rows, head_norm_rope and project_group (fewer launches for
-        self.top_rows = top_rows         # u_projections)
+        # a backend may set kernels with the signatures of attend, index_score, top_rows, head_norm_rope and
+        # project_group (fewer launches for u_projections)
+        self.attend = attend
+        self.index_score = index_score
+        self.top_rows = top_rows
         self.head_norm_rope = head_norm_rope
         self.group = project_group
 
