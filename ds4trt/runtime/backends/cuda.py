@@ -60,6 +60,9 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
+FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch versions of the query norm + RoPE, the
+                             # indexer rounding and the streams' update (a compiled step fuses them into its glue);
+                             # longer ones (prefill chunks) run the single-pass kernels
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
 # BENCHMARKS.md, 14767a2, with the prefill attention kernel) chunks of 1024 / 2048 prefilled a 2048-token prompt at
@@ -178,17 +181,17 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
 
 
 def head_norm_rope_kernel(q, cos, sin, eps: float):
-    """model/attention.py head_norm_rope on this backend: the PyTorch version for steps of up to hc_triton.MAX_T
-    tokens (a compiled step fuses it), else one kernel (prefill chunks)."""
-    if q.shape[0] <= hc_triton.MAX_T:
+    """model/attention.py head_norm_rope on this backend: the PyTorch version for steps of up to FUSED_MAX_T
+    tokens, else one kernel (prefill chunks)."""
+    if q.shape[0] <= FUSED_MAX_T:
         return head_norm_rope(q, cos, sin, eps)
     return rope_triton.head_norm_rope_triton(q, cos, sin, eps)
 
 
 def qat_kernel(x):
     """model/numerics.py indexer_qat of the indexer's queries on this backend: the PyTorch version for steps of up
-    to hc_triton.MAX_T tokens (a compiled step fuses it), else one kernel (prefill chunks; bitwise the same)."""
-    if x.shape[0] <= hc_triton.MAX_T:
+    to FUSED_MAX_T tokens, else one kernel (prefill chunks; bitwise the same)."""
+    if x.shape[0] <= FUSED_MAX_T:
         return indexer_qat(x)
     return qat_triton.indexer_qat_triton(x, min(FP4_BLOCK, x.shape[-1]), FP4_MIN_AMAX)
 
@@ -203,9 +206,9 @@ def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters:
 
 
 def hc_combine(f, X, post, comb):
-    """model/hc.py hc_post on this backend: the PyTorch version for steps of up to hc_triton.MAX_T tokens (a
-    compiled step fuses it), else one kernel (prefill chunks)."""
-    if X.shape[0] <= hc_triton.MAX_T:
+    """model/hc.py hc_post on this backend: the PyTorch version for steps of up to FUSED_MAX_T tokens, else one
+    kernel (prefill chunks)."""
+    if X.shape[0] <= FUSED_MAX_T:
         return hc_post(f, X, post, comb)
     return hc_triton.hc_post_triton(f, X, post, comb)
 
@@ -244,9 +247,9 @@ def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
 def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
     prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
-    x split likewise (q8_triton.x_bf16_parts, one pass) and three products of the parts (hi hi, hi lo, lo hi; lo lo, below
-    2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6 relative on
-    random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
+    x split likewise (q8_triton.x_bf16_parts, one pass) and three products of the parts (hi hi, hi lo, lo hi; lo lo,
+    below 2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6
+    relative on random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
     bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
     G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
     a = q8_triton.x_bf16_parts(x.reshape(-1, G * K), G).transpose(0, 1)   # [G, T, 3K]
@@ -357,8 +360,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
     route_kernel), and so do a prefill chunk's query norm and RoPE, attention, indexer scores, indexer query rounding
     and stream update (head_norm_rope_kernel, attend_kernel, index_score_kernel, qat_kernel, hc_combine); the
-    projections of one input become one launch per weight type (LinearGroup:
-    attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate + up)."""
+    projections of one input become one launch per weight type (LinearGroup: attention's q_a + kv and compressor /
+    indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
