@@ -9,8 +9,14 @@ Runs ds4::MoE (q2 mix, T = 1, random experts) and two Q8_0 products at T = 1 (at
 ffn_gate_shexp 2048 x 4096) on synthetic blocks (scripts/bench_kernels.random_blocks). ncu locks the clocks
 (SM ~1.5 GHz), so its durations are longer than bench_kernels.py's; read its ratios (L1 / DRAM throughput,
 occupancy, stall reasons), not its times.
+
+`--long T` runs instead one prefill call of ds4::MoE (q2 mix, T tokens, random routing: the multi-pair
+tensor-core kernels), three times; for example
+
+    ncu -k regex:"_moe_.*_multi" -c 2 --set full python3 scripts/ncu_layer.py --long 2048
 """
 
+import argparse
 import os
 import sys
 
@@ -22,14 +28,18 @@ from bench_kernels import CLAMP, D, E, F, K_SLOTS, MIXES, random_blocks  # noqa:
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--long", type=int, default=0, metavar="T", help="one prefill MoE call of T tokens instead")
+args = ap.parse_args()
 types = MIXES["q2"]
 blocks = [random_blocks(t, r, c, lead=E).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
-v = torch.randn(1, D, device="cuda") * 3
-ids = torch.randperm(E, device="cuda")[:K_SLOTS][None]
-w = torch.rand(1, K_SLOTS, device="cuda") * 0.9 + 0.1
+T = args.long or 1
+v = torch.randn(T, D, device="cuda") * 3
+ids = torch.stack([torch.randperm(E, device="cuda")[:K_SLOTS] for _ in range(T)])     # [T, 6]
+w = torch.rand(T, K_SLOTS, device="cuda") * 0.9 + 0.1
 for _ in range(3):
     M.moe_forward(v, ids, w, *blocks, *types, CLAMP)
-for N, K in ((32768, 1024), (2048, 4096)):
+for N, K in ((32768, 1024), (2048, 4096)) if not args.long else ():
     qs = Q.split_q8(random_blocks(8, N, K)[0], N, K)
     x = torch.randn(1, K, device="cuda")
     for _ in range(3):
