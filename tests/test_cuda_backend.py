@@ -191,6 +191,22 @@ def test_x_bf16_parts_equals_the_torch_split(groups):
             assert torch.equal(part.view(torch.int16), want.view(torch.int16)), f"T = {T}, K = {K}: parts differ"
 
 
+@kernels
+def test_split_f16_kernel_equals_the_torch_split():
+    """parts.split_f16_triton (the float16 parts of the prefill attention's and indexer's operands on a GPU) bit
+    for bit the torch split: fresh random values from ~1e-8 to ~4e4 (within float16's range; subnormal residuals
+    included), a size past a whole program."""
+    from ds4trt.plugins.kernels.parts import split_f16_triton
+
+    g = torch.Generator().manual_seed(43)
+    x = torch.randn(3, 5000, generator=g) * torch.logspace(-8, 4, 5000)
+    hi, lo = split_f16_triton(x.to(DEVICE))
+    want_hi = x.to(torch.float16)
+    want_lo = (x - want_hi.float()).to(torch.float16)
+    assert torch.equal(hi.cpu().view(torch.int16), want_hi.view(torch.int16))
+    assert torch.equal(lo.cpu().view(torch.int16), want_lo.view(torch.int16))
+
+
 def _truncated_bf16_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 a -> the bits (int16) of its two bf16 parts made by truncation rather than rounding."""
     hi = a.view(torch.int32) & -65536                                  # a cut to bf16, as float32 bits

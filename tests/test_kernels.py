@@ -725,6 +725,7 @@ def test_every_variant_compiles_for_sm90():
             ok(W.dequant_parts(K))
             ok(W.x_parts(K, 8))
         ok(W.head_norm_rope(64, 512, 64))
+        ok(W.split_f16())
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())

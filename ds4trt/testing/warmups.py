@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, q8_triton, \
     rope_triton, route_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
@@ -97,6 +97,10 @@ def head_norm_rope(H: int, D: int, NR: int):
     R = rope_triton
     return R._head_norm_rope.warmup(F32, F32, F32, F32, H, 1e-6, D=D, DP=1 << (D - 1).bit_length(), NR=NR,
                                     NP=1 << (NR // 2 - 1).bit_length(), HB=R.HEADS, num_warps=R.WARPS, grid=(1,))
+
+
+def split_f16():
+    return parts._split_f16.warmup(F32, F16, F16, 1 << 20, B=parts.SPLIT_BLOCK, num_warps=4, grid=(1,))
 
 
 def x_parts(K: int, G: int):
