@@ -196,13 +196,12 @@ def test_split_f16_kernel_equals_the_torch_split():
     """parts.split_f16_triton (the float16 parts of the prefill attention's and indexer's operands on a GPU) bit
     for bit the torch split: fresh random values from ~1e-8 to ~4e4 (within float16's range; subnormal residuals
     included), a size past a whole program."""
-    from ds4trt.plugins.kernels.parts import split_f16_triton
+    from ds4trt.plugins.kernels.parts import split_f16_triton, split_parts
 
     g = torch.Generator().manual_seed(43)
     x = torch.randn(3, 5000, generator=g) * torch.logspace(-8, 4, 5000)
     hi, lo = split_f16_triton(x.to(DEVICE))
-    want_hi = x.to(torch.float16)
-    want_lo = (x - want_hi.float()).to(torch.float16)
+    want_hi, want_lo = split_parts(x, torch.float16)                  # on the CPU: the torch split
     assert torch.equal(hi.cpu().view(torch.int16), want_hi.view(torch.int16))
     assert torch.equal(lo.cpu().view(torch.int16), want_lo.view(torch.int16))
 

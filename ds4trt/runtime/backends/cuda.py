@@ -249,8 +249,8 @@ def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -
     prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
     x split likewise (q8_triton.x_bf16_parts, one pass) and three products of the parts (hi hi, hi lo, lo hi; lo lo,
     below 2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6
-    relative on random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits) loses its
-    bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
+    relative on random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits)
+    loses its bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
     G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
     a = q8_triton.x_bf16_parts(x.reshape(-1, G * K), G).transpose(0, 1)   # [G, T, 3K]
     b = wparts.reshape(G, N // G, 3 * K).transpose(1, 2)                 # [G, 3K, N/G]
