@@ -121,15 +121,9 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     if TP > 3:
         tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=0), axis=0), mask=omask)
     if SPLITS > 1:
-        tl.debug_barrier()                          # every thread's partial is stored before the count (release)
-        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
+        if _last_split(cnt_ptr, SPLITS):
             for t in tl.static_range(TP):
-                total = tl.zeros([BR], tl.float32)
-                for split in tl.static_range(SPLITS):     # .cg: from L2, never a stale line of this SM's L1
-                    total += tl.load(part_ptr + (split * TP + t) * N + out_rows, mask=omask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(out_ptr + t * N + out_rows, total, mask=omask)
+                _sum_splits(part_ptr, out_ptr, t * N + out_rows, omask, TP * N, SPLITS)
             tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 
 
@@ -147,8 +141,29 @@ def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
 
 
 @triton.jit
-def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
-    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3), K in steps of MMA_NB blocks."""
+def _last_split(cnt_ptr, SPLITS: tl.constexpr):
+    """After a program has stored its partial sums: count it in cnt[row tile] (an atomic); True for the last of the
+    tile's SPLITS programs, which then adds the partials (_sum_splits) and sets the count back to 0."""
+    tl.debug_barrier()                          # every thread's partial is stored before the count (release)
+    return tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+
+
+@triton.jit
+def _sum_splits(part_ptr, out_ptr, offs, mask, split_stride, SPLITS: tl.constexpr):
+    """out[offs] = the sum of part[split * split_stride + offs] in split order (deterministic)."""
+    total = tl.zeros(offs.shape, tl.float32)
+    for split in tl.static_range(SPLITS):       # .cg: from L2, never a stale line of this SM's L1
+        total += tl.load(part_ptr + split * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + offs, total, mask=mask)
+
+
+@triton.jit
+def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, T, N, rows_per_group, K: tl.constexpr,
+              BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3): program (i, split) does rows i*BR.. and the STEPS
+    spans of 256 values from split*STEPS*256 on, in steps of MMA_NB blocks; SPLITS > 1: partial sums in part[split]
+    [T, N], added by the tile's last program as in _q8_rows (a tile alone streams its rows too slowly: attn_output_b
+    has 64 tiles of 64 rows for 132 SMs)."""
     pdl_enter(PDL)
     KP: tl.constexpr = (K + 255) // 256 * 256
     row0 = tl.program_id(0) * BR
@@ -158,7 +173,9 @@ def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexp
     x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
     kk = tl.arange(0, MMA_NB * 32)
     acc = tl.zeros([BR, 16], tl.float32)
-    for kb in range(0, (K // 32 + MMA_NB - 1) // MMA_NB):
+    SUB: tl.constexpr = 256 // (MMA_NB * 32)                            # steps per span
+    kb0 = tl.program_id(1) * (STEPS * SUB)
+    for kb in range(kb0, kb0 + STEPS * SUB):
         k = kb * (MMA_NB * 32) + kk                                     # value index in the row
         pos = k // 256 * 256 + (k % 32) // 4 * 32 + (k // 32 % 8) * 4 + k % 4       # its byte in split_q8's row
         u = tl.load(q_ptr + rows[:, None] * KP + pos[None, :])
@@ -167,8 +184,15 @@ def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, T, N, rows_per_group, K: tl.constexp
         xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, 16]
         acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
     out_rows = row0 + tl.arange(0, BR)
-    tl.store(out_ptr + t[None, :].to(tl.int64) * N + out_rows[:, None], acc,
-             mask=(out_rows < N)[:, None] & tmask[None, :])
+    offs = t[None, :].to(tl.int64) * N + out_rows[:, None]                                # [BR, 16]
+    omask = (out_rows < N)[:, None] & tmask[None, :]
+    if SPLITS == 1:
+        tl.store(out_ptr + offs, acc, mask=omask)
+    else:
+        tl.store(part_ptr + tl.program_id(1).to(tl.int64) * T * N + offs, acc, mask=omask)
+        if _last_split(cnt_ptr, SPLITS):
+            _sum_splits(part_ptr, out_ptr, offs, omask, T * N, SPLITS)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 
 
 @triton.jit
@@ -321,8 +345,10 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    _q8_multi[(triton.cdiv(N, br),)](x, quants, scales, out, T, N, rows_per_group, K=K, BR=br, num_warps=warps,
-                                     **pdl_launch(x.device))
+    tiles, steps_total, splits = row_launch(N, K, br)
+    part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
+    _q8_multi[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), T, N, rows_per_group, K=K, BR=br,
+                               STEPS=steps_total // splits, SPLITS=splits, num_warps=warps, **pdl_launch(x.device))
     return out
 
 
