@@ -267,7 +267,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
         wbytes = N * K // 32 * 34
         C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
         ws = [Q.split_q8(random_blocks(8, N, K, gen=gen), N, K) for _ in range(C)]
-        for T in (1, 2, 3, 4):
+        for T in (1, 2, 3, 4, 5, 9):          # 5, 9: the tensor-core kernel (verify of 4 and of 8 drafts)
             x = torch.randn(T, G * K, device=DEV, generator=gen)
             out = torch.empty(T, N, device=DEV)
 

@@ -175,8 +175,8 @@ def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, T, N, rows_per_gr
     acc = tl.zeros([BR, 16], tl.float32)
     SUB: tl.constexpr = 256 // (MMA_NB * 32)                            # steps per span
     kb0 = tl.program_id(1) * (STEPS * SUB)
-    for kb in range(kb0, kb0 + STEPS * SUB):
-        k = kb * (MMA_NB * 32) + kk                                     # value index in the row
+    for step in range(0, STEPS * SUB):
+        k = (kb0 + step) * (MMA_NB * 32) + kk                           # value index in the row
         pos = k // 256 * 256 + (k % 32) // 4 * 32 + (k // 32 % 8) * 4 + k % 4       # its byte in split_q8's row
         u = tl.load(q_ptr + rows[:, None] * KP + pos[None, :])
         d = tl.load(d_ptr + rows[:, None] * (KP // 32) + (k // 32)[None, :])
