@@ -60,7 +60,7 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 528)}
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
-MMA_BR, MMA_WARPS = 64, 4
+MMA_BR, MMA_WARPS = 64, 4      # K split to MIN_PROGRAMS programs too (row_launch); NOT yet swept on a GPU
 PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_bf16_parts' tile: rows, values, warps
 X_PARTS_BT, X_PARTS_BK = 16, 256                  # x_bf16_parts' tile: rows, inputs (PARTS_WARPS warps)
 
@@ -259,7 +259,8 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def row_launch(N: int, K: int, br: int, min_programs: int = MIN_PROGRAMS) -> tuple[int, int, int]:
-    """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
+    """The Q8_0 kernels' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks,
+    K splits).
     K is split until there are min_programs programs, by a divisor of the steps (no partial split)."""
     tiles, steps = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
     want = min(steps, triton.cdiv(min_programs, tiles))
@@ -309,8 +310,8 @@ def dequantize(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tens
 def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int = 1, *,
               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
-    (written into `out` when given). config: (rows per program, warps[, min programs of T <= 4]), overriding the
-    defaults (sweeps)."""
+    (written into `out` when given). config: (rows per program, warps[, min programs: K is split until there are
+    that many]), overriding the defaults (sweeps)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -328,27 +329,23 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
-    if T <= 4:
-        br, warps, min_programs = (*(config or ROWS_CONFIG[T]), MIN_PROGRAMS)[:3]
-        if not 1 <= min_programs <= COUNTER_SLOTS:
-            raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
-        if groups > 1 and rows_per_group % br:
-            raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-        tiles, steps_total, splits = row_launch(N, K, br, min_programs)
-        part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
-        _q8_rows[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), N, rows_per_group, ONE_BITS,
-                                  K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=T, num_warps=warps,
-                                  **pdl_launch(x.device))
-        return out
-    br, warps = (config or (MMA_BR, MMA_WARPS))[:2]
-    while groups > 1 and rows_per_group % br and br > 16:
+    fma = T <= 4                                   # else the tensor-core kernel
+    br, warps, min_programs = (*(config or (ROWS_CONFIG[T] if fma else (MMA_BR, MMA_WARPS))), MIN_PROGRAMS)[:3]
+    if not 1 <= min_programs <= COUNTER_SLOTS:
+        raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
+    while not fma and groups > 1 and rows_per_group % br and br > 16:
         br //= 2                                   # a row tile must not straddle two groups
     if groups > 1 and rows_per_group % br:
         raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    tiles, steps_total, splits = row_launch(N, K, br)
+    tiles, steps_total, splits = row_launch(N, K, br, min_programs)
     part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
-    _q8_multi[(tiles, splits)](x, quants, scales, out, part, _counters(x.device), T, N, rows_per_group, K=K, BR=br,
-                               STEPS=steps_total // splits, SPLITS=splits, num_warps=warps, **pdl_launch(x.device))
+    args = (x, quants, scales, out, part, _counters(x.device))
+    if fma:
+        _q8_rows[(tiles, splits)](*args, N, rows_per_group, ONE_BITS, K=K, BR=br, STEPS=steps_total // splits,
+                                  SPLITS=splits, TP=T, num_warps=warps, **pdl_launch(x.device))
+    else:
+        _q8_multi[(tiles, splits)](*args, T, N, rows_per_group, K=K, BR=br, STEPS=steps_total // splits,
+                                   SPLITS=splits, num_warps=warps, **pdl_launch(x.device))
     return out
 
 
