@@ -293,7 +293,7 @@ def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
         wbytes = 2 * N * K
         C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
         ws = [torch.randn(N, K, device=DEV, generator=gen).half() for _ in range(C)]
-        for T in (1, 2, 3, 4):
+        for T in (1, 2, 3, 4, 5, 9):          # 5, 9: two and three launches (verify of 4 and of 8 drafts)
             x = torch.randn(T, K, device=DEV, generator=gen)
 
             def fn(x=x, ws=ws, config=None):

@@ -1,5 +1,5 @@
 """F16 matrix products in Triton (the routers, compressors and indexer projections, kept as float16): out = x @ W.T
-for T = 1..MAX_T rows of x, W read as float16 and accumulated in float32.
+for T = 1..MAX_T rows of x (up to LAUNCH_T per launch), W read as float16 and accumulated in float32.
 
     f16_matmul(x [T, K] f32, w [N, K] f16) -> [T, N] f32, 1 <= T <= MAX_T
 
@@ -17,7 +17,8 @@ import triton.language as tl
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
-MAX_T = 4               # rows of x per call (decode, verify of up to 3 drafts); longer steps use torch
+MAX_T = 16              # rows of x per call (decode and verify steps); longer ones (prefill) use torch
+LAUNCH_T = 4            # rows of x per launch: a call of more rows launches once per 4, each reading w again
 TILE = 2048             # BR * BK at most: 16 float32 partial products per thread and row of x at 4 warps
 
 
@@ -71,8 +72,10 @@ def launch_shape(N: int, K: int, T: int) -> tuple[int, int]:
 
 
 def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None = None) -> torch.Tensor:
-    """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T. config: (rows per
-    program, K tile), overriding launch_shape (sweeps)."""
+    """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T, one launch per LAUNCH_T
+    rows of x (verify steps of 5..16 rows read w up to 4 times; the alternative, the bf16 parts of prefill, would make
+    a float copy and three parts of w on every call). config: (rows per program, K tile), overriding launch_shape
+    (sweeps)."""
     T, K = x.shape
     if not 1 <= T <= MAX_T or x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 \
             or w.shape[1] != K:
@@ -80,7 +83,10 @@ def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None 
                          f"{list(x.shape)}, w {w.dtype} {list(w.shape)}")
     N = w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    br, bk = config or launch_shape(N, K, T)
-    _f16_rows[(triton.cdiv(N, br),)](x.contiguous(), w.contiguous(), out, N, K, K=K, BR=br, BK=bk, TP=T, num_warps=4,
-                                     **pdl_launch(x.device))
+    x, w = x.contiguous(), w.contiguous()
+    for t0 in range(0, T, LAUNCH_T):
+        tp = min(LAUNCH_T, T - t0)
+        br, bk = config or launch_shape(N, K, tp)
+        _f16_rows[(triton.cdiv(N, br),)](x[t0:t0 + tp], w, out[t0:t0 + tp], N, K, K=K, BR=br, BK=bk, TP=tp,
+                                         num_warps=4, **pdl_launch(x.device))
     return out
