@@ -234,8 +234,9 @@ def test_project_bf16_parts_vs_float64(groups):
 @pytest.mark.parametrize("T", [1, 3, 6, 20])
 def test_linear_group_matches_each_projection(T):
     """LinearGroup over two Q8_0, two F16 and one float32 projection of one input (one q8_matmul + one f16_matmul
-    up to their row limits; T = 6: the F16 pair alone, T = 20: every member alone) against float64 products of each
-    weight, and each module alone still computing its own rows from its view of the shared weight."""
+    up to their row limits, 16 each; T = 6: the F16 pair in two launches, T = 20: every member alone) against
+    float64 products of each weight, and each module alone still computing its own rows from its view of the shared
+    weight."""
     from ds4trt.model.linear import Linear
 
     rng = np.random.default_rng(7 + T)
