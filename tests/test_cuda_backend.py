@@ -403,8 +403,8 @@ def test_cli_device_cuda_prints_the_cpu_text(mode, capsys):
 @pytest.mark.parametrize("n_draft", [1, 3, 5])
 def test_tiny_speculative_matches_cpu_greedy(n_draft):
     """Speculative decoding on the kernel path (CUDA graphs on a GPU) against plain greedy on the CPU reference;
-    margin 0, so every cycle drafts and verifies n_draft tokens (5: verify steps of 6 rows, the multi-row
-    kernels of ds4::MoE and Q8_0)."""
+    margin 0, so every cycle drafts and verifies n_draft tokens (5: verify steps of 6 rows, ds4::MoE's
+    multi-row kernels, Q8_0 and F16 products in two launches)."""
     target, mtp = tiny_files()
     engine = cuda.open_engine(target, mtp, numerics="float", device=DEVICE, graphs=GPU)
     want = greedy(Engine.open(target, mtp, numerics="float"))

@@ -721,8 +721,6 @@ def test_every_variant_compiles_for_sm90():
             for T, (br, w, _) in Q.ROWS_CONFIG.items():
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T))
-            for steps, splits in ((1, 8), (4, 1)):
-                ok(W.q8_multi(K, steps, splits))
             ok(W.dequant_parts(K))
             ok(W.x_parts(K, 8))
         ok(W.head_norm_rope(64, 512, 64))

@@ -82,11 +82,6 @@ def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int
                                      SPLITS=splits, TP=T, num_warps=warps, **LAUNCH)
 
 
-def q8_multi(K: int, steps: int, splits: int):
-    return q8_triton._q8_multi.warmup(F32, U8, F16, F32, F32, I32, 8, 4096, 4096, K=K, BR=q8_triton.MMA_BR,
-                                      STEPS=steps, SPLITS=splits, num_warps=q8_triton.MMA_WARPS, **LAUNCH)
-
-
 def dequant_parts(K: int, N: int = 4096):
     return q8_triton._dequant_parts.warmup(U8, F16, I16, N, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
                                            num_warps=q8_triton.PARTS_WARPS, **LAUNCH)

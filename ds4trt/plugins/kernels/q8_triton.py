@@ -20,17 +20,18 @@ word j (quants 4j..4j+3) of block b at word 8j + b. Word j of a span's 8 blocks 
 lanes in the loop (with the GGUF order the scales' layout differed from the quants' and every step converted the
 products through shared memory).
 
-Decoding in the T <= 4 kernel (_q8_rows), per value: byte u = q + 128 is put in the low mantissa bits of 1.0f
-(bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
+Decoding in _q8_rows (T <= 4 rows of x per launch), per value: byte u = q + 128 is put in the low mantissa bits of
+1.0f (bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
 f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz), so each product with x is
 one FADD + one FFMA, exact up to the float32 product rounding; the two units are joined per word and the block
 scale d is applied to the word sums. Each word is decoded once for the T rows of x. When N is small the K range
 is split over several programs (at least MIN_PROGRAMS in all), and the last program of each row tile to finish
 adds the partial sums in a fixed order (deterministic: an atomic counter says which program is last, the sum does
 not depend on it).
-T > 4: the decoded [BR, 128] tile times x [128, 16] on the tensor cores with input_precision="tf32x3"
-(operands split into two tf32 parts; the Q8_0 values q*d have at most 19 significant bits, so they are
-carried exactly; x to ~2^-22), float32 accumulation: agrees with float64 to ~1e-6 relative.
+T > 4 (verify of 4+ drafts, prefill chunks of <= 16 tokens): one launch per LAUNCH_T rows of x, each reading W
+again. The tensor-core kernel this replaced (a [64, 128] tile of gathered bytes times x [128, 16] per step) took
+211-216 us for the 32 MB projections and 3.3 ms for the LM head at any T of 5..16, where the 4-row kernel takes
+27-29 us and 370 us (scripts/bench_kernels.py --cases q8, H200, 2026-11-30).
 
 dequant_bf16_parts rounds to bf16 with integer operations on the float32 bits (round to nearest even, as torch's
 .to(torch.bfloat16)): Triton's interpreter truncates in .to(tl.bfloat16), so the kernel's parts are those of torch
@@ -46,21 +47,20 @@ import triton.language as tl
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 QK, BLOCK_BYTES = 32, 34
-NB_STEP = 8                  # blocks per loop step of the T <= 4 kernel: 256 values, 64 words per row
+NB_STEP = 8                  # blocks per loop step of _q8_rows: 256 values, 64 words per row
 SPAN = NB_STEP * QK          # values of a row that split_q8 word-interleaves (one such step); rows are padded to it
-MMA_NB = tl.constexpr(4)     # blocks per step of the tensor-core kernel (its tile lives in shared memory)
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
 LO_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -23)     # f of u = 128 (q = 0) with the byte in bits 0..7
 HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
-# (rows per program, warps, min programs) of the FMA kernel by T (1..4); (rows, warps) of the tensor-core kernel
-# (T > 4). From the sweeps of scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us,
-# LM head 159 us (83 % of the floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528:
-# attn_output_b 14.6 against 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528):
-# attn_q_b 27.9 us, LM head 369 against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
+# (rows per program, warps, min programs) of _q8_rows by rows per launch (1..LAUNCH_T). From the sweeps of
+# scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us, LM head 159 us (83 % of the
+# floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528: attn_output_b 14.6 against
+# 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528): attn_q_b 27.9 us, LM head 369
+# against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
 ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 528)}
+LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
-MMA_BR, MMA_WARPS = 64, 4      # K split to MIN_PROGRAMS programs too (row_launch); NOT yet swept on a GPU
 PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_bf16_parts' tile: rows, values, warps
 X_PARTS_BT, X_PARTS_BK = 16, 256                  # x_bf16_parts' tile: rows, inputs (PARTS_WARPS warps)
 
@@ -121,9 +121,15 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     if TP > 3:
         tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=0), axis=0), mask=omask)
     if SPLITS > 1:
-        if _last_split(cnt_ptr, SPLITS):
+        tl.debug_barrier()                          # every thread's partial is stored before the count (release)
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
             for t in tl.static_range(TP):
-                _sum_splits(part_ptr, out_ptr, t * N + out_rows, omask, TP * N, SPLITS)
+                total = tl.zeros([BR], tl.float32)
+                for split in tl.static_range(SPLITS):     # .cg: from L2, never a stale line of this SM's L1
+                    total += tl.load(part_ptr + (split * TP + t) * N + out_rows, mask=omask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptr + t * N + out_rows, total, mask=omask)
             tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 
 
@@ -138,61 +144,6 @@ def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
         x0, x1 = tl.load(xp, mask=m, other=0.0), tl.load(xp + 1, mask=m, other=0.0)
         x2, x3 = tl.load(xp + 2, mask=m, other=0.0), tl.load(xp + 3, mask=m, other=0.0)
     return (v0 * x0 + v2 * x2) * 256.0 + (v1 * x1 + v3 * x3)
-
-
-@triton.jit
-def _last_split(cnt_ptr, SPLITS: tl.constexpr):
-    """After a program has stored its partial sums: count it in cnt[row tile] (an atomic); True for the last of the
-    tile's SPLITS programs, which then adds the partials (_sum_splits) and sets the count back to 0."""
-    tl.debug_barrier()                          # every thread's partial is stored before the count (release)
-    return tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLITS - 1
-
-
-@triton.jit
-def _sum_splits(part_ptr, out_ptr, offs, mask, split_stride, SPLITS: tl.constexpr):
-    """out[offs] = the sum of part[split * split_stride + offs] in split order (deterministic)."""
-    total = tl.zeros(offs.shape, tl.float32)
-    for split in tl.static_range(SPLITS):       # .cg: from L2, never a stale line of this SM's L1
-        total += tl.load(part_ptr + split * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(out_ptr + offs, total, mask=mask)
-
-
-@triton.jit
-def _q8_multi(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, T, N, rows_per_group, K: tl.constexpr,
-              BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
-    """out[0:T, rows] for 4 < T <= 16 (tensor cores, tf32x3): program (i, split) does rows i*BR.. and the STEPS
-    spans of 256 values from split*STEPS*256 on, in steps of MMA_NB blocks; SPLITS > 1: partial sums in part[split]
-    [T, N], added by the tile's last program as in _q8_rows (a tile alone streams its rows too slowly: attn_output_b
-    has 64 tiles of 64 rows for 132 SMs)."""
-    pdl_enter(PDL)
-    KP: tl.constexpr = (K + 255) // 256 * 256
-    row0 = tl.program_id(0) * BR
-    rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
-    t = tl.arange(0, 16)
-    tmask = t < T
-    x_rows = x_ptr + (row0 // rows_per_group).to(tl.int64) * K + t.to(tl.int64) * (K * (N // rows_per_group))
-    kk = tl.arange(0, MMA_NB * 32)
-    acc = tl.zeros([BR, 16], tl.float32)
-    SUB: tl.constexpr = 256 // (MMA_NB * 32)                            # steps per span
-    kb0 = tl.program_id(1) * (STEPS * SUB)
-    for step in range(0, STEPS * SUB):
-        k = (kb0 + step) * (MMA_NB * 32) + kk                           # value index in the row
-        pos = k // 256 * 256 + (k % 32) // 4 * 32 + (k // 32 % 8) * 4 + k % 4       # its byte in split_q8's row
-        u = tl.load(q_ptr + rows[:, None] * KP + pos[None, :])
-        d = tl.load(d_ptr + rows[:, None] * (KP // 32) + (k // 32)[None, :])
-        w2 = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32)                # [BR, 128] = q * d, exact
-        xt = tl.load(x_rows[None, :] + k[:, None], mask=tmask[None, :] & (k < K)[:, None], other=0.0)  # [128, 16]
-        acc = tl.dot(w2, xt, acc, input_precision="tf32x3")
-    out_rows = row0 + tl.arange(0, BR)
-    offs = t[None, :].to(tl.int64) * N + out_rows[:, None]                                # [BR, 16]
-    omask = (out_rows < N)[:, None] & tmask[None, :]
-    if SPLITS == 1:
-        tl.store(out_ptr + offs, acc, mask=omask)
-    else:
-        tl.store(part_ptr + tl.program_id(1).to(tl.int64) * T * N + offs, acc, mask=omask)
-        if _last_split(cnt_ptr, SPLITS):
-            _sum_splits(part_ptr, out_ptr, offs, omask, T * N, SPLITS)
-            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 
 
 @triton.jit
@@ -259,8 +210,7 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def row_launch(N: int, K: int, br: int, min_programs: int = MIN_PROGRAMS) -> tuple[int, int, int]:
-    """The Q8_0 kernels' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks,
-    K splits).
+    """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
     K is split until there are min_programs programs, by a divisor of the steps (no partial split)."""
     tiles, steps = triton.cdiv(N, br), triton.cdiv(K // QK, NB_STEP)
     want = min(steps, triton.cdiv(min_programs, tiles))
@@ -310,8 +260,8 @@ def dequantize(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tens
 def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int = 1, *,
               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
-    (written into `out` when given). config: (rows per program, warps[, min programs: K is split until there are
-    that many]), overriding the defaults (sweeps)."""
+    (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
+    programs: K is split until there are that many]) of every launch, overriding ROWS_CONFIG (sweeps)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -329,23 +279,19 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
-    fma = T <= 4                                   # else the tensor-core kernel
-    br, warps, min_programs = (*(config or (ROWS_CONFIG[T] if fma else (MMA_BR, MMA_WARPS))), MIN_PROGRAMS)[:3]
-    if not 1 <= min_programs <= COUNTER_SLOTS:
-        raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
-    while not fma and groups > 1 and rows_per_group % br and br > 16:
-        br //= 2                                   # a row tile must not straddle two groups
-    if groups > 1 and rows_per_group % br:
-        raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
-    tiles, steps_total, splits = row_launch(N, K, br, min_programs)
-    part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
-    args = (x, quants, scales, out, part, _counters(x.device))
-    if fma:
-        _q8_rows[(tiles, splits)](*args, N, rows_per_group, ONE_BITS, K=K, BR=br, STEPS=steps_total // splits,
-                                  SPLITS=splits, TP=T, num_warps=warps, **pdl_launch(x.device))
-    else:
-        _q8_multi[(tiles, splits)](*args, T, N, rows_per_group, K=K, BR=br, STEPS=steps_total // splits,
-                                   SPLITS=splits, num_warps=warps, **pdl_launch(x.device))
+    for t0 in range(0, T, LAUNCH_T):
+        tp = min(LAUNCH_T, T - t0)
+        br, warps, min_programs = (*(config or ROWS_CONFIG[tp]), MIN_PROGRAMS)[:3]
+        if not 1 <= min_programs <= COUNTER_SLOTS:
+            raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
+        if groups > 1 and rows_per_group % br:
+            raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
+        tiles, steps_total, splits = row_launch(N, K, br, min_programs)
+        o = out[t0:t0 + tp]                                                             # [tp, N], contiguous
+        part = o if splits == 1 else torch.empty(splits, tp, N, dtype=torch.float32, device=x.device)
+        _q8_rows[(tiles, splits)](x[t0:t0 + tp], quants, scales, o, part, _counters(x.device), N, rows_per_group,
+                                  ONE_BITS, K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=tp,
+                                  num_warps=warps, **pdl_launch(x.device))
     return out
 
 
