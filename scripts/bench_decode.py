@@ -173,8 +173,9 @@ def main() -> int:
                          "the backend's INDUCTOR_OPTIONS, to measure an Inductor option, e.g. combo_kernels=False "
                          "(the default fuses independent kernels horizontally: fewer launches); repeatable")
     ap.add_argument("--kernels", action="store_true",
-                    help="at the end, profile 5 decode steps and one prefill chunk (torch.profiler) and print the "
-                         "kernels by GPU time (the chunk's with the PyTorch ops that launched them)")
+                    help="at the end, profile 5 decode steps, 5 of each verify length and one prefill chunk "
+                         "(torch.profiler) and print the kernels by GPU time (the chunk's with the PyTorch ops that "
+                         "launched them)")
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
                                     "order (tab-separated: microseconds, name)")
     ap.add_argument("--json", help="write the results here")
@@ -273,21 +274,24 @@ def main() -> int:
                    **({"tokens_per_s": 1e3 / ms} if T == 1 else {}))
         if args.kernels:
             from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    step(1)()
-                torch.cuda.synchronize()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
-            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            busy_us = sum(e.time_range.elapsed_us() for e in kernels) / 5
-            log(f"decode step, profiled: {len(kernels) / 5:.0f} GPU kernels and copies per step, {busy_us / 1e3:.3f} ms "
-                f"of them busy ({cfg.n_layer} layers: {len(kernels) / 5 / cfg.n_layer:.1f} per layer)")
-            if args.trace:
-                ordered = sorted(kernels, key=lambda e: e.time_range.start)
-                n = len(ordered) // 5
-                with open(args.trace, "w") as f:
-                    for e in ordered[2 * n:3 * n]:                     # the third step
-                        f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
+            for T in (1, *args.verify):                         # each graph captured above
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        step(T)()
+                    torch.cuda.synchronize()
+                name = "decode step" if T == 1 else f"verify step T={T}"
+                print(f"{name}, 5 profiled (kernels by GPU time):")
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
+                kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                busy_us = sum(e.time_range.elapsed_us() for e in kernels) / 5
+                log(f"{name}, profiled: {len(kernels) / 5:.0f} GPU kernels and copies per step, {busy_us / 1e3:.3f} "
+                    f"ms of them busy ({cfg.n_layer} layers: {len(kernels) / 5 / cfg.n_layer:.1f} per layer)")
+                if args.trace and T == 1:
+                    ordered = sorted(kernels, key=lambda e: e.time_range.start)
+                    n = len(ordered) // 5
+                    with open(args.trace, "w") as f:
+                        for e in ordered[2 * n:3 * n]:                     # the third step
+                            f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
