@@ -211,6 +211,30 @@ def test_moe_repeated_slots_and_items_over_16_pairs(T):
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
 
 
+def test_moe_experts_below_multi_min_get_one_pair_items():
+    """A 9-token call (verify of 8 drafts), 3 slots: expert 0 in every token and expert 2 in five (MULTI_MIN) form
+    one multi-pair item each, expert 1's four pairs and experts 3..7's one or two go to one-pair items; the items
+    (order, cnt) as planned and the output against float64."""
+    types = MIXES["iq2_iq2_q2k"]
+    T = 9
+    assert moe_triton.MULTI_MIN == 5
+    v, _, w, blocks = _small_case(types, seed=_seed("multi min"), T=T)
+    ids = np.array([[0, 1 if t < 4 else 2, 3 + t % 5] for t in range(T)], np.int64)
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    ws = _poisoned_workspace(T, 3, v.shape[1], blocks[0].shape[1])
+    got = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, out=_nan(T, v.shape[1]), workspace=ws)
+    pairs = ids.reshape(-1)
+    order = np.argsort(pairs, kind="stable")                  # by expert, then pair index
+    assert ws.order.cpu().tolist() == order.tolist()
+    sizes = np.bincount(pairs)                                # 9, 4, 5, 2, 2, 2, 2, 1
+    want_cnt = [int(sizes[e]) if sizes[e] >= 5 and (i == 0 or pairs[order[i - 1]] != e) else 0 if sizes[e] >= 5
+                else 1 for i, e in enumerate(pairs[order])]
+    assert ws.cnt.cpu().tolist() == want_cnt
+    assert want_cnt[:9] == [9] + [0] * 8 and want_cnt[9:13] == [1] * 4 and want_cnt[13:18] == [5, 0, 0, 0, 0]
+    deq = _deq_experts(blocks, types, np.unique(ids))
+    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+
+
 @pytest.mark.parametrize("cap", [16, 64])
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_long_calls(mix, cap):
@@ -252,7 +276,8 @@ def _flash_experts(types, seed, E=256, F=2048, D=4096, pool=8):
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_flash_widths(mix):
     """D = 4096, F = 2048, E = 256, k = 6; T = 1..16 tokens choosing 6 of 8 experts (so T > 1 shares experts:
-    one-pair items up to T = SINGLE_MAX_T, multi-pair items above; expert 255 exercises the largest offsets)."""
+    experts of MULTI_MIN or more pairs in multi-pair items, the others in one-pair items; expert 255 exercises
+    the largest offsets)."""
     types = MIXES[mix]
     blocks, pool, deq = _flash_experts(types, seed=len(mix))
     rng = np.random.default_rng(1000 + len(mix))

@@ -7,14 +7,14 @@
     dequant_rows_triton(blocks [N, row bytes] uint8, ggml_type) -> [N, cols] float32 (test / debugging aid)
 
 Weights are never materialized as floats: every program loads its rows' blocks and dequantizes them in
-registers. For T <= 16 (decode, verify): four launches (six and split_runs' when T > SINGLE_MAX_T), no host
+registers. For T <= 16 (decode, verify): four launches (six and split_runs' when T >= MULTI_MIN), no host
 synchronization, so a CUDA graph can capture a call:
 
   1. _moe_prepare  program 0 groups the T*k (token, slot) pairs by expert. Sorted position s of each pair
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
                    item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert
-                   (one pair when T <= SINGLE_MAX_T). When gate or up is IQ2_XXS, programs 1.. store the
-                   activations as integers for its one-pair kernel (_quant_runs).
+                   that has at least MULTI_MIN pairs in the call, else one pair. When gate or up is IQ2_XXS,
+                   programs 1.. store the activations as integers for its one-pair kernel (_quant_runs).
   2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
                    BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
@@ -99,10 +99,12 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
-# Calls of at most this many tokens (decode, verify of up to 3 drafts) give every pair its own one-pair item, even when
-# tokens share an expert: on the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items
-# (6 experts shared by T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4).
-SINGLE_MAX_T = 4
+# On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
+# T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4). So in calls of up to 16
+# tokens an expert's pairs form multi-pair items only when it has at least MULTI_MIN of them, and calls of fewer tokens
+# (decode, verify of up to 3 drafts) launch the one-pair kernels alone. Verify of 4 drafts with every expert's pairs in
+# multi-pair items, the rule before: 28.1 ms at 43 layers (uniform routing: a few experts shared by 2 of the 5 tokens).
+MULTI_MIN = 5
 # Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's
 # blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages) by the call's mean pairs per
 # expert (long_launch), swept by scripts/bench_kernels.py. On the H200 (BENCHMARKS.md, q2 layer, uniform random
@@ -704,10 +706,11 @@ def _swiglu(g, u, clamp):
 # Kernels
 
 @triton.jit
-def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.constexpr, PB: tl.constexpr,
-                 D: tl.constexpr, PDL: tl.constexpr):
-    """Program 0 groups the P (token, slot) pairs by expert (PB >= P a power of two; P = 0: no items, a long call's
-    come from _long_items); program 1 + i quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs)."""
+def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.constexpr, MIN_PAIRS: tl.constexpr,
+                 PB: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    """Program 0 groups the P (token, slot) pairs by expert into items of up to ITEM_CAP pairs, an expert of fewer
+    than MIN_PAIRS pairs into one-pair items (PB >= P a power of two; P = 0: no items, a long call's come from
+    _long_items); program 1 + i quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs)."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     if pid == 0:
@@ -720,7 +723,7 @@ def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.con
         pos = tl.sum(((eb < ea) | (same & (pb < pa))).to(tl.int32), axis=1)   # sorted position of pair p
         rank = tl.sum((same & (pb < pa)).to(tl.int32), axis=1)               # pairs of its expert before it
         size = tl.sum(same.to(tl.int32), axis=1)
-        cnt = tl.where(rank % ITEM_CAP == 0, tl.minimum(size - rank, ITEM_CAP), 0)
+        cnt = tl.where(size < MIN_PAIRS, 1, tl.where(rank % ITEM_CAP == 0, tl.minimum(size - rank, ITEM_CAP), 0))
         tl.store(order_ptr + pos, p, mask=valid)
         tl.store(cnt_ptr + pos, cnt, mask=valid)
     else:
@@ -950,8 +953,8 @@ def split_runs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     [R, K], shi, slo f16 [R, K/16], inv float32 [R, K/256]. Per 256-value chunk with e the biased exponent of its
     largest |x| (at most 252): scale = 2^(126-e) (|x * scale| < 1), x * scale = hi + lo to 2^-22 of the largest
     |x|, the sums of x * scale over 16-value runs = shi + slo likewise, inv = 1 / scale (both powers of two).
-    One kernel (_split_runs; in PyTorch it was ~20 launches, inside every captured verify step of more than
-    SINGLE_MAX_T rows twice per layer)."""
+    One kernel (_split_runs; in PyTorch it was ~20 launches, inside every captured verify step of
+    MULTI_MIN or more rows twice per layer)."""
     R, K = x.shape
     if x.dtype != torch.float32 or K % QK:
         raise ValueError(f"split_runs: expected float32 [R, K] with K % {QK} == 0, got {x.dtype} {list(x.shape)}")
@@ -1071,12 +1074,13 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:
-            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, PB=16, D=D, num_warps=4,
-                                                **pdl)
+            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
+                                                num_warps=4, **pdl)
     else:
-        pairs_only = T <= SINGLE_MAX_T
+        pairs_only = T < MULTI_MIN           # item cap 1 (so also when a token lists an expert twice)
         _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
-                                            PB=max(16, triton.next_power_of_2(P)), D=D, num_warps=4, **pdl)
+                                            MIN_PAIRS=MULTI_MIN, PB=max(16, triton.next_power_of_2(P)), D=D,
+                                            num_warps=4, **pdl)
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
     gu_args = (v, ids, weights, ws.order, ws.cnt)
     gu_rest = (k, F, ge, ue, float(clamp))
