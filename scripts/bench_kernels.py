@@ -73,6 +73,7 @@ SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), 
                 (64, 8, None, False))
 # (rows per program, warps[, min programs: K is split until there are that many]) of the Q8_0 kernel, by T
 Q8_SWEEP = {1: ((32, 4), (64, 4), (64, 8), (16, 4, 528), (16, 4, 2112), (16, 8, 1056)),
+            2: ((16, 4, 528), (16, 4, 1056), (32, 4, 1056)), 3: ((16, 4, 528), (16, 4, 1056), (32, 4, 1056)),
             4: ((16, 4), (32, 8), (32, 4, 1056), (32, 4, 2112))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
