@@ -175,7 +175,8 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps, 5 of each verify length and one prefill chunk "
                          "(torch.profiler) and print the kernels by GPU time (the chunk's with the PyTorch ops that "
-                         "launched them)")
+                         "launched them). With programmatic dependent launch a kernel's time includes its wait for "
+                         "the kernel before it; DS4_PDL=0 gives each kernel's own time")
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
                                     "order (tab-separated: microseconds, name)")
     ap.add_argument("--json", help="write the results here")
