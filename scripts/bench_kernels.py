@@ -120,6 +120,11 @@ def log(msg: str) -> None:
     print(f"[{time.time() - START:6.1f}s] {msg}", flush=True)
 
 
+def uniform_routing(T: int, gen: torch.Generator | None = None, device: str = "cpu") -> torch.Tensor:
+    """[T, K_SLOTS] int64: each token's K_SLOTS distinct experts of E, uniformly at random (gen on `device`)."""
+    return torch.stack([torch.randperm(E, generator=gen, device=device)[:K_SLOTS] for _ in range(T)])
+
+
 def random_blocks(ggml_type: int, rows: int, cols: int, lead: int = 1, gen=None) -> torch.Tensor:
     """uint8 [lead, rows, row bytes] of random blocks whose f16 scales are moderate (1e-3..2e-3)."""
     qk, bs = BLOCK[ggml_type]
@@ -190,7 +195,7 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             sets, nbytes = [], 0.0
             for _ in range(R):
                 if routing == "random":
-                    ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+                    ids = uniform_routing(T, rng)
                 else:
                     ids = torch.randperm(E, generator=rng)[:K_SLOTS].repeat(T, 1)
                 v = torch.randn(T, D, generator=rng) * 3
@@ -238,7 +243,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
     for T, routing in ((256, "random"), (512, "random"), (1024, "random"), (2048, "random"), (1024, "skewed"),
                        (2048, "skewed")):
         if routing == "random":
-            ids = torch.stack([torch.randperm(E, generator=rng)[:K_SLOTS] for _ in range(T)])
+            ids = uniform_routing(T, rng)
         else:
             ids = torch.multinomial(skew.expand(T, E), K_SLOTS, generator=rng)
         v, w = torch.randn(T, D, generator=rng) * 3, torch.rand(T, K_SLOTS, generator=rng) * 0.9 + 0.1

@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_kernels import CLAMP, D, E, F, K_SLOTS, MIXES, random_blocks  # noqa: E402
+from bench_kernels import CLAMP, D, E, F, K_SLOTS, MIXES, random_blocks, uniform_routing  # noqa: E402
 
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
@@ -35,7 +35,7 @@ types = MIXES["q2"]
 blocks = [random_blocks(t, r, c, lead=E).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
 T = args.long or 1
 v = torch.randn(T, D, device="cuda") * 3
-ids = torch.stack([torch.randperm(E, device="cuda")[:K_SLOTS] for _ in range(T)])     # [T, 6]
+ids = uniform_routing(T, device="cuda")                                               # [T, 6]
 w = torch.rand(T, K_SLOTS, device="cuda") * 0.9 + 0.1
 for _ in range(3):
     M.moe_forward(v, ids, w, *blocks, *types, CLAMP)
