@@ -673,8 +673,10 @@ def test_route_refuses_long_steps():
 def test_top_rows_vs_stable_sort(shape):
     """The indexer's top-k kernel keeps the same columns as a stable descending sort's first k (in ascending column
     order), on fresh scores in steps of 1/8 (many exact ties at the k-th value), -inf columns (invisible rows;
-    row 0 sees fewer than k), both zeros (-0.0 equals +0.0 for the sort) and a row of one value. It fails when ties
-    take any column but the lowest, or when -0.0 sorts below +0.0."""
+    row 0 sees fewer than k), both zeros (-0.0 equals +0.0 for the sort) and a row of one value; then a row of
+    normal scores that differ down to their last bits and one of scores within a few ulps of each other (the
+    lowest bits of the keys decide there). It fails when ties take any column but the lowest, or when -0.0 sorts
+    below +0.0."""
     N, k = shape
     g = torch.Generator().manual_seed(_seed("top_rows", *shape))
     for T in (T_GPU if GPU else (1, 3)):
@@ -684,9 +686,12 @@ def test_top_rows_vs_stable_sort(shape):
         score[-1, ::3] = -0.0
         if T > 2:
             score[1] = 0.25
-        want = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k].sort(-1).values
-        got = topk_triton.top_rows_triton(score.to(DEVICE), k).cpu()
-        assert torch.equal(got, want), f"T = {T}: {(got != want).sum().item()} columns differ"
+        fine = torch.stack([torch.randn(N, generator=g),
+                            -1.5 + torch.randint(-300, 300, (N,), generator=g).float() * 2.0 ** -23])
+        for rows in (score, fine):
+            want = torch.sort(rows, dim=-1, descending=True, stable=True).indices[:, :k].sort(-1).values
+            got = topk_triton.top_rows_triton(rows.to(DEVICE), k).cpu()
+            assert torch.equal(got, want), f"T = {T}: {(got != want).sum().item()} columns differ"
 
 
 def test_top_rows_refuses_long_rows():
