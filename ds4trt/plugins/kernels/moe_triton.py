@@ -102,8 +102,8 @@ SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
 # T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4). So in calls of up to 16
 # tokens an expert's pairs form multi-pair items only when it has at least MULTI_MIN of them, and calls of fewer tokens
-# (decode, verify of up to 3 drafts) launch the one-pair kernels alone. Verify of 4 drafts with every expert's pairs in
-# multi-pair items, the rule before: 28.1 ms at 43 layers (uniform routing: a few experts shared by 2 of the 5 tokens).
+# (decode, verify of up to 3 drafts) launch the one-pair kernels alone. Verify of 4 drafts at 43 layers with uniform
+# routing (a few experts shared by 2 of the 5 tokens): 24.4 ms, against 28.4 with multi-pair items for every shared one.
 MULTI_MIN = 5
 # Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's
 # blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages) by the call's mean pairs per

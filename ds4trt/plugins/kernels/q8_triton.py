@@ -30,8 +30,8 @@ adds the partial sums in a fixed order (deterministic: an atomic counter says wh
 not depend on it).
 T > 4 (verify of 4+ drafts, prefill chunks of <= 16 tokens): one launch per LAUNCH_T rows of x, each reading W
 again. The tensor-core kernel this replaced (a [64, 128] tile of gathered bytes times x [128, 16] per step) took
-211-216 us for the 32 MB projections and 3.3 ms for the LM head at any T of 5..16, where the 4-row kernel takes
-27-29 us and 370 us (scripts/bench_kernels.py --cases q8, H200, 2026-11-30).
+211-216 us for the 32 MB projections and 3.3 ms for the LM head at T = 5 and at T = 9, where the 4-row kernel
+takes 27-29 us and 370 us (scripts/bench_kernels.py --cases q8, H200, 2026-11-30).
 
 dequant_bf16_parts rounds to bf16 with integer operations on the float32 bits (round to nearest even, as torch's
 .to(torch.bfloat16)): Triton's interpreter truncates in .to(tl.bfloat16), so the kernel's parts are those of torch
