@@ -24,6 +24,9 @@ zeros; the kernels' time does not depend on the values):
       it replaces (timed eagerly);
   2f. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
+  2g. a compressor's rows of a short step (compress_emit_triton) at T = 1 (a token that emits and one that does
+      not) and T = 5, for the ratio-128 and ratio-4 KV compressors and the ratio-4 indexer's, and the PyTorch
+      emit_rows it replaces (eager: compiled, it is several kernels);
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
      attention's keys per program, while the time budget lasts.
@@ -51,7 +54,10 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ds4trt.model.attention import top_rows  # noqa: E402
+from ds4trt.model.attention import emit_rows, top_rows  # noqa: E402
+from ds4trt.model.config import ModelConfig  # noqa: E402
+from ds4trt.model.rope import inv_freq  # noqa: E402
+from ds4trt.plugins.kernels import compress_triton as CE  # noqa: E402
 from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
@@ -446,6 +452,26 @@ def bench_topk(bw: float, results: list) -> None:
                         results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="topk", rows=N)))
 
 
+def bench_compress(bw: float, results: list) -> None:
+    """compress_emit_triton at Flash's compressor shapes, T = 1 at a position whose token emits a row and at one
+    whose token does not, and T = 5 (one of its tokens emits); model/attention.py emit_rows on the same inputs."""
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    freq = inv_freq(ModelConfig(), compressed=True).to(DEV)
+    for R, c, post in ((128, 512, "fp8"), (4, 512, "fp8"), (4, 128, "fp4")):
+        coff = 2 if R == 4 else 1
+        norm = torch.rand(c, device=DEV, generator=gen) + 0.5
+        skv, ssc = (torch.randn(coff * R, coff * c, device=DEV, generator=gen) for _ in range(2))
+        for T, start, what in ((1, 1024 * R - 1, "emits"), (1, 1024 * R, "no row"), (5, 1024 * R - 3, "")):
+            kv, sc = (torch.randn(T, coff * c, device=DEV, generator=gen) for _ in range(2))
+            st = torch.tensor(start, device=DEV)
+            args = (kv, sc, skv, ssc, st, norm, freq, R, post, 448, 1e-6)
+            nbytes = (2 * coff * R * coff * c + 2 * T * coff * c + T * c) * 4 if what != "no row" else T * c * 4
+            for label, fn in ((f"compress_emit R={R} c={c} {what}", lambda a=args: CE.compress_emit_triton(*a)),
+                              (f"torch emit_rows R={R} c={c} {what}", lambda a=args: emit_rows(*a))):
+                guarded(f"{label} T={T}", results, lambda fn=fn, T=T, nb=nbytes, label=label:
+                        results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="compress")))
+
+
 def model_bytes_per_token(mix: str) -> dict:
     """Bytes one decode token must read, from the Flash shapes (spec ds4_architecture.md §2)."""
     q8 = lambda n, k: n * k // 32 * 34  # noqa: E731
@@ -468,9 +494,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,q4",
+    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,compress,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, attend_long "
-                         "(prefill), index_long (prefill), hc_long (prefill), topk, q4 (moe)")
+                         "(prefill), index_long (prefill), hc_long (prefill), topk, compress, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -503,6 +529,8 @@ def main() -> int:
         bench_hc_long(bw, results, sweeps)
     if "topk" in cases:
         bench_topk(bw, results)
+    if "compress" in cases:
+        bench_compress(bw, results)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts

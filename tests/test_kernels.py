@@ -466,6 +466,59 @@ def test_head_norm_rope_vs_float64(shape):
     assert _rel(got, want) <= TOL, f"relative error {_rel(got, want):.2e}"
 
 
+# (ratio, c, n_rot, n_nope, post): Flash's compressors (ratio 128 and 4 KV rows, the ratio-4 indexer's), the tiny
+# model's (ratio 8; a head of 64 with a 48-dim FP8 part: a shorter last block) and float numerics' "none"
+EMIT_CASES = [(128, 512, 64, 448, "fp8"), (4, 512, 64, 448, "fp8"), (4, 128, 64, 448, "fp4"), (8, 64, 16, 48, "fp8"),
+              (4, 32, 16, 48, "fp4"), (4, 64, 16, 48, "none")]
+
+
+@pytest.mark.parametrize("case", EMIT_CASES if GPU else EMIT_CASES[1:], ids=lambda c: "-".join(map(str, c)))
+def test_compress_emit_vs_float64(case):
+    """A compressor's rows for short steps (compress_triton) against model/attention.py emit_rows: unrounded rows
+    against float64 within TOL; each rounding ("fp8", "fp4") bit for bit PyTorch's round_row of the kernel's own
+    unrounded rows, and non-emitting tokens' rows zero. Fresh random rows and state at magnitudes 1e-3 .. 1e3,
+    norm weights 1e-7 .. 10 (blocks below FP8_MIN_AMAX, values in E4M3's subnormal range), steps of 1..16 tokens
+    starting where candidates lie before position 0, in the state, in the step, or both."""
+    from ds4trt.model.attention import emit_rows, round_row
+    from ds4trt.plugins.kernels.compress_triton import compress_emit_triton
+
+    R, c, nr, n_nope, post = case
+    coff = 2 if R == 4 else 1
+    g = torch.Generator().manual_seed(_seed("compress_emit", *case))
+    norm = torch.logspace(-7, 1, c)[torch.randperm(c, generator=g)]
+    freq = torch.rand(nr // 2, generator=g, dtype=torch.float64) * torch.logspace(-4, 0, nr // 2, dtype=torch.float64)
+    emitted = 0
+    for T in (1, 2, 5, 16) if GPU else (1, 5):
+        for start in (0, R - 1, 5 * R - 2, 1000 * R + 3):
+            mag = torch.logspace(-3, 3, T + coff * R)[torch.randperm(T + coff * R, generator=g)][:, None]
+            kv, skv = (torch.randn(T + coff * R, coff * c, generator=g) * mag).split((T, coff * R))
+            sc, ssc = (torch.randn(T + coff * R, coff * c, generator=g) * 3).split((T, coff * R))
+            st = torch.tensor(start)
+            args = [a.to(DEVICE) for a in (kv, sc, skv, ssc, st, norm, freq)]
+            want = emit_rows(kv.double(), sc.double(), skv.double(), ssc.double(), st, norm.double(), freq, R,
+                             "none", n_nope, 1e-6)
+            got = compress_emit_triton(*args, R, "none", n_nope, 1e-6).cpu()
+            emits = (start + torch.arange(T) + 1) % R == 0
+            emitted += int(emits.sum())
+            assert torch.equal(got[~emits], torch.zeros_like(got[~emits]))
+            if emits.any():
+                assert _rel(got, want) <= TOL, f"T = {T}, start {start}: relative error {_rel(got, want):.2e}"
+            rounded = compress_emit_triton(*args, R, post, n_nope, 1e-6).cpu()
+            expect = torch.where(emits[:, None], round_row(got, post, n_nope), 0.0)
+            bad = (rounded != expect).sum().item()
+            assert bad == 0, f"T = {T}, start {start}: {bad} of {expect.numel()} rounded values differ"
+    assert emitted >= 3
+
+
+def test_compress_emit_refuses_long_steps():
+    from ds4trt.plugins.kernels.compress_triton import MAX_T, compress_emit_triton
+
+    kv = torch.zeros(MAX_T + 1, 128, device=DEVICE)
+    with pytest.raises(ValueError, match="compress_emit_triton: expected float32 kv"):
+        compress_emit_triton(kv, kv, kv[:8], kv[:8], torch.tensor(0, device=DEVICE), torch.ones(64, device=DEVICE),
+                             torch.ones(8, dtype=torch.float64, device=DEVICE), 4, "fp8", 48, 1e-6)
+
+
 def test_indexer_qat_kernel_equals_numerics_bitwise():
     """The prefill chunks' indexer rounding against model/numerics.py indexer_qat (PyTorch, on the CPU), bit for
     bit: fresh random rows at magnitudes from 1e-30 to 1e30, a zero row (amax at its floor), the unit row (every
@@ -759,6 +812,8 @@ def test_every_variant_compiles_for_sm90():
             for T in range(1, F16.LAUNCH_T + 1):
                 ok(W.f16_rows(N, K, T, *F16.launch_shape(N, K, T)))
         ok(W.index_score())
+        for R, C, NR, post, n_nope in ((128, 512, 64, "fp8", 448), (4, 512, 64, "fp8", 448), (4, 128, 64, "fp4", 448)):
+            ok(W.compress_emit(R, C, NR, post, n_nope))
         ok(W.index_score_long(*I.LONG_CONFIG))
         for K in (194, 1154):
             ks, ch, w = A.SMALL_CONFIG if K <= A.SMALL_KEYS else A.CONFIG

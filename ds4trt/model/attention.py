@@ -66,6 +66,56 @@ def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.to(torch.float32), requires_grad=False)
 
 
+POSTS = ("none", "fp8", "fp4")      # the roundings of a compressor's rows (round_row)
+
+
+def round_row(x: torch.Tensor, post: str, n_nope: int) -> torch.Tensor:
+    """ds4's rounding of a stored compressed row x [..., c] (POSTS): "fp8" the KV rows' FP8 round trip of the first
+    n_nope dims, "fp4" the indexer's Hadamard + FP4 (model/numerics.py), "none" (float numerics) x itself."""
+    if post == "fp8":
+        return fp8_kv_row(x, n_nope)
+    return indexer_qat(x) if post == "fp4" else x
+
+
+def emit_rows(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
+              start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str, n_nope: int,
+              eps: float) -> torch.Tensor:
+    """The compressed row each new token emits: [T, c] (zero where (p+1) % R != 0).
+
+    kv, score: [T, coff*c] new projections; state_kv, state_score: [coff*R, coff*c] committed ones (coff = 2 for
+    ratio 4, else 1); start: 0-d int64 position of token 0; norm [c]; freq [n_rot/2] the RoPE frequencies. Row of
+    the token at p: the softmax-weighted pool (per dim) of block p+1-R .. p (ratio 4: candidates of block j are block
+    j-1's first half of the width + block j's second half), RMS-normed, RoPE at p+1-R, rounded by round_row.
+    """
+    R, c = ratio, norm.shape[0]
+    coff = kv.shape[1] // c
+    T = kv.shape[0]
+    n_blocks = coff + (T + R - 1) // R
+    base = (start // R) * R - (coff - 1) * R
+    q = base + torch.arange(n_blocks * R, device=kv.device)                      # positions covered, block aligned
+    slot = torch.remainder(q, coff * R)
+    new_i = torch.clamp(q - start, 0, T - 1)
+    is_new = (q >= start) & (q < start + T)
+    is_old = (q < start) & (q >= 0)
+    ext_kv = torch.where(is_new[:, None], kv[new_i], torch.where(is_old[:, None], state_kv[slot], 0.0))
+    ext_sc = torch.where(is_new[:, None], score[new_i], torch.where(is_old[:, None], state_score[slot], NEG))
+    bkv = ext_kv.reshape(n_blocks, R, coff * c)
+    bsc = ext_sc.reshape(n_blocks, R, coff * c)
+    if coff == 2:   # candidates of block j: block j-1's first half + block j's second half
+        bkv = torch.cat([bkv[:-1, :, :c], bkv[1:, :, c:]], dim=1)
+        bsc = torch.cat([bsc[:-1, :, :c], bsc[1:, :, c:]], dim=1)
+    pooled = (torch.softmax(bsc, dim=1) * bkv).sum(dim=1)      # [n_candidates, c]
+    first = base + (coff - 1) * R                              # first position of candidate 0
+    pos = start + torch.arange(T, device=kv.device)
+    row_start = pos + 1 - R                                    # block start of the row token t emits
+    emits = torch.remainder(pos + 1, R) == 0
+    idx = torch.clamp(torch.div(row_start - first, R, rounding_mode="floor"), 0, pooled.shape[0] - 1)
+    rows = rms_norm(pooled[idx], norm, eps)
+    cos, sin = rope_cos_sin(freq, row_start)
+    rows = round_row(apply_rope_tail(rows, cos, sin), post, n_nope)
+    return torch.where(emits[:, None], rows, 0.0)
+
+
 class Compressor(nn.Module):
     """One compressor lane: pools each block of R tokens into one row (softmax over tokens, per dim).
 
@@ -73,14 +123,16 @@ class Compressor(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, ratio: int, width: int, kv: nn.Module, gate: nn.Module,
-                 ape: torch.Tensor, norm: torch.Tensor, post):
-        """kv, gate: the [coff*width, D] projections (model/linear.py's contract, built by the `linear` factory)."""
+                 ape: torch.Tensor, norm: torch.Tensor, post: str):
+        """kv, gate: the [coff*width, D] projections (model/linear.py's contract, built by the `linear` factory);
+        post: the rounding of each emitted row (round_row: "fp8", "fp4" or "none")."""
         super().__init__()
         self.cfg, self.ratio, self.width = cfg, ratio, width
         self.coff = 2 if ratio == 4 else 1
         self.kv, self.gate, self.ape, self.norm = kv, gate, _param(ape), _param(norm)
         self.freq = inv_freq(cfg, compressed=True)
-        self.post = post  # rounding applied to each emitted row (FP8 / Hadamard+FP4 / identity)
+        self.post = post
+        self.emit_rows = emit_rows       # a backend may set a kernel with emit_rows' signature
 
     def score(self, gate: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """gate: [T, coff*width] = self.gate(u) (computed in the layer's group of projections of u), pos: [T] -> the
@@ -89,36 +141,9 @@ class Compressor(nn.Module):
 
     def emit(self, kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
              start: torch.Tensor) -> torch.Tensor:
-        """Rows emitted by each new token: [T, width] (zero where (p+1) % R != 0).
-
-        kv, score: [T, Wc] new projections; state_kv, state_score: [coff*R, Wc] committed ones.
-        """
-        R, coff, c = self.ratio, self.coff, self.width
-        T = kv.shape[0]
-        n_blocks = coff + (T + R - 1) // R
-        base = (start // R) * R - (coff - 1) * R
-        q = base + torch.arange(n_blocks * R, device=kv.device)                      # positions covered, block aligned
-        slot = torch.remainder(q, coff * R)
-        new_i = torch.clamp(q - start, 0, T - 1)
-        is_new = (q >= start) & (q < start + T)
-        is_old = (q < start) & (q >= 0)
-        ext_kv = torch.where(is_new[:, None], kv[new_i], torch.where(is_old[:, None], state_kv[slot], 0.0))
-        ext_sc = torch.where(is_new[:, None], score[new_i], torch.where(is_old[:, None], state_score[slot], NEG))
-        bkv = ext_kv.reshape(n_blocks, R, coff * c)
-        bsc = ext_sc.reshape(n_blocks, R, coff * c)
-        if coff == 2:   # candidates of block j: block j-1's first half + block j's second half
-            bkv = torch.cat([bkv[:-1, :, :c], bkv[1:, :, c:]], dim=1)
-            bsc = torch.cat([bsc[:-1, :, :c], bsc[1:, :, c:]], dim=1)
-        pooled = (torch.softmax(bsc, dim=1) * bkv).sum(dim=1)      # [n_candidates, c]
-        first = base + (coff - 1) * R                              # first position of candidate 0
-        pos = start + torch.arange(T, device=kv.device)
-        row_start = pos + 1 - R                                    # block start of the row token t emits
-        emits = torch.remainder(pos + 1, R) == 0
-        idx = torch.clamp(torch.div(row_start - first, R, rounding_mode="floor"), 0, pooled.shape[0] - 1)
-        rows = rms_norm(pooled[idx], self.norm, self.cfg.rms_eps)
-        cos, sin = rope_cos_sin(self.freq, row_start)
-        rows = self.post(apply_rope_tail(rows, cos, sin))
-        return torch.where(emits[:, None], rows, 0.0)
+        """Rows emitted by each new token: [T, width] (emit_rows)."""
+        return self.emit_rows(kv, score, state_kv, state_score, start, self.norm, self.freq, self.ratio, self.post,
+                              self.cfg.n_nope, self.cfg.rms_eps)
 
 
 class Attention(nn.Module):
@@ -143,7 +168,7 @@ class Attention(nn.Module):
             self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, lin("attn_compressor_kv.weight"),
                                          lin("attn_compressor_gate.weight"),
                                          w(prefix + "attn_compressor_ape.weight"),
-                                         w(prefix + "attn_compressor_norm.weight"), fp8)
+                                         w(prefix + "attn_compressor_norm.weight"), "fp8" if self.ds4 else "none")
         if self.ratio == 4:
             qat = indexer_qat if self.ds4 else keep
             self.qat = qat
@@ -151,7 +176,8 @@ class Attention(nn.Module):
             self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, lin("indexer_compressor_kv.weight"),
                                                lin("indexer_compressor_gate.weight"),
                                                w(prefix + "indexer_compressor_ape.weight"),
-                                               w(prefix + "indexer_compressor_norm.weight"), qat)
+                                               w(prefix + "indexer_compressor_norm.weight"),
+                                               "fp4" if self.ds4 else "none")
         self.fp8 = fp8
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, q8_triton, \
-    rope_triton, route_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, compress_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, \
+    q8_triton, rope_triton, route_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
+F64 = torch.empty(64, dtype=torch.float64)
 I64, I32, I16 = (torch.empty(8, dtype=t) for t in (torch.int64, torch.int32, torch.int16))
 SPLIT = (F16, F16, F16, F16, F32)           # moe_triton.split_runs: hi, lo, shi, slo, inv
 M = moe_triton
@@ -120,6 +121,13 @@ def f16_rows(N: int, K: int, T: int, br: int, bk: int):
 def index_score(keys: int = 513, heads: int = 64, di: int = 128):
     return index_triton._index_score.warmup(F32, F32, F32, F32, keys, heads, NHP=max(16, heads), DI=di,
                                             KB=index_triton.KB, num_warps=4, **LAUNCH)
+
+
+def compress_emit(R: int, C: int, NR: int, post: str, n_nope: int):
+    K = compress_triton
+    return K._compress_emit.warmup(F32, F32, F32, F32, I64, F32, F64, F32, 1e-6,
+                                   **K.constexprs(R, 2 if R == 4 else 1, C, NR, post, n_nope), num_warps=K.WARPS,
+                                   **LAUNCH)
 
 
 def index_score_long(bn: int, tb: int, warps: int, NH: int = 64, DI: int = 128):

@@ -39,7 +39,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, head_norm_rope, top_rows
+from ds4trt.model.attention import Attention, Compressor, emit_rows, head_norm_rope, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -47,8 +47,8 @@ from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, qat_triton, \
-    rope_triton, route_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, compress_triton, f16_triton, hc_triton, index_triton, moe_triton, \
+    q8_triton, qat_triton, rope_triton, route_triton, topk_triton
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
@@ -178,6 +178,28 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
     if tid2eid is None and bias is not None and logits.shape[0] <= route_triton.MAX_T:
         return route_op(logits, bias, k, scale)
     return route(logits, bias, tid2eid, tokens, k, scale)
+
+
+@torch.library.custom_op("ds4trt::compress_emit", mutates_args=())
+def compress_emit_op(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
+                     start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str, n_nope: int,
+                     eps: float) -> torch.Tensor:
+    return compress_triton.compress_emit_triton(kv, score, state_kv, state_score, start, norm, freq, ratio, post,
+                                                n_nope, eps)
+
+
+@compress_emit_op.register_fake
+def _(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps):
+    return kv.new_empty(kv.shape[0], norm.shape[0])
+
+
+def emit_rows_kernel(kv, score, state_kv, state_score, start, norm, freq, ratio: int, post: str, n_nope: int,
+                     eps: float):
+    """model/attention.py emit_rows on this backend: one kernel for steps of up to compress_triton.MAX_T tokens
+    (decode, verify, draft), else the PyTorch version (prefill chunks)."""
+    if kv.shape[0] <= compress_triton.MAX_T:
+        return compress_emit_op(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
+    return emit_rows(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
 
 
 def head_norm_rope_kernel(q, cos, sin, eps: float):
@@ -375,6 +397,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
                 m.qat = qat_kernel
+        if isinstance(m, Compressor):
+            m.emit_rows = emit_rows_kernel
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))
             m.route = route_kernel

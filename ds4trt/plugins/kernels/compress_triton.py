@@ -1,0 +1,173 @@
+"""A compressor's rows for a short step (decode, verify, draft) in one Triton kernel:
+
+    compress_emit_triton(kv [T, coff*c] f32, score [T, coff*c], state_kv [coff*R, coff*c], state_score, start 0-d int64,
+                         norm [c] f32, freq [n_rot/2] f64, ratio, post, n_nope, eps) -> rows [T, c] f32
+        = model/attention.py emit_rows
+
+Token t (position p = start + t) emits a row when (p + 1) % R == 0: the softmax-weighted pool, per dim, of the
+candidates of its block (the R positions p+1-R .. p; ratio 4 also the R before them, in the first half of the width,
+its own block in the second half), RMS-normed, its RoPE tail rotated at the block's first position p+1-R, rounded by
+`post` (model/attention.py POSTS: "fp8" the FP8 E4M3 round trip of dims [0, n_nope) in blocks of 64, the last one shorter; "fp4" the
+indexer's Hadamard + FP4 E2M1 round trip in blocks of min(32, c); "none"). A candidate at or after `start` is a row
+of this step's kv / score, one before it the state's slot q % (coff*R), one before position 0 weighs nothing.
+
+Program t does token t. A token that does not emit (R - 1 of every R decode steps) stores its zero row and reads
+nothing else, so a decode step's compressor costs one launch (compiled PyTorch made 5-7 kernels of each compressor,
+the indexer's Hadamard butterflies alone two). The pool is one pass over the candidates, TILE / c at a time (online
+softmax). The rounding repeats model/numerics.py's float32 operations, so
+given the same normed and rotated row it gives PyTorch's rows to the bit (tests/test_kernels.py checks that); the
+pool and the norm sum in another order than PyTorch (~1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ds4trt.model.attention import POSTS
+from ds4trt.model.numerics import FP4_BLOCK, FP4_MAX, FP4_MIN_AMAX, FP8_BLOCK, FP8_MAX, FP8_MIN_AMAX
+from ds4trt.model.state import NEG
+from ds4trt.plugins.kernels.moe_triton import _rint
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
+MAX_T = 16         # the steps this kernel serves (prefill chunks keep the PyTorch version)
+TILE = 2048        # candidates x dims loaded per loop step (CH = TILE / c candidates): more spills registers
+WARPS = 8
+NEG_SCORE = tl.constexpr(NEG)
+FP8_B, FP8_Q, FP8_MIN = tl.constexpr(FP8_BLOCK), tl.constexpr(FP8_MAX), tl.constexpr(FP8_MIN_AMAX)
+FP4_Q, FP4_MIN = tl.constexpr(FP4_MAX), tl.constexpr(FP4_MIN_AMAX)
+
+
+@triton.jit
+def _pow2_scale(amax, QMAX: tl.constexpr):
+    """The biased exponent e of 2^ceil(log2(amax / QMAX)) (model/numerics.py _pow2_ceil_log2; amax / QMAX normal)."""
+    bits = tl.math.div_rn(amax, QMAX).to(tl.int32, bitcast=True)
+    return ((bits >> 23) & 255) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+
+
+@triton.jit
+def _round_fp8(x, NOPE: tl.constexpr, C: tl.constexpr, NB: tl.constexpr):
+    """model/numerics.py fp8_kv_row of x [C]: block b = dims [64b, 64b + 64) of [0, NOPE) (NB blocks, padded)."""
+    d = tl.arange(0, C)
+    b = tl.arange(0, NB)
+    inb = ((d // FP8_B)[None, :] == b[:, None]) & (d < NOPE)[None, :]                    # [NB, C]
+    amax = tl.maximum(tl.max(tl.where(inb, tl.abs(x)[None, :], 0.0), axis=1), FP8_MIN)     # [NB]
+    e = _pow2_scale(amax, FP8_Q)
+    e = tl.sum(tl.where(inb, e[:, None], 0), axis=0) + tl.where(d < NOPE, 0, 127)       # [C]; 2^0 past NOPE
+    y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True), -FP8_Q), FP8_Q)
+    a = tl.abs(y)
+    ea = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -6)             # floor(log2 a), >= -6
+    q = _rint(a * ((130 - ea) << 23).to(tl.float32, bitcast=True)) * ((124 + ea) << 23).to(tl.float32, bitcast=True)
+    q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
+    return tl.where(d < NOPE, q, x)
+
+
+@triton.jit
+def _round_fp4(x, C: tl.constexpr, LOG2C: tl.constexpr, BLOCK: tl.constexpr):
+    """model/numerics.py indexer_qat of x [C] (qat_triton's operations on one row)."""
+    x = tl.reshape(x, (1, C))
+    for s in tl.static_range(LOG2C):
+        y = tl.permute(tl.reshape(x, (1, C // (2 << s), 2, 1 << s)), (0, 1, 3, 2))
+        a, b = tl.split(y)
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (1, C))
+    x = tl.reshape(x * (C ** -0.5), (C // BLOCK, BLOCK))
+    e = _pow2_scale(tl.maximum(tl.max(tl.abs(x), axis=1), FP4_MIN), FP4_Q)[:, None]
+    y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True), -FP4_Q), FP4_Q)
+    a = tl.abs(y)
+    q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
+    q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
+    return tl.reshape(q, (C,))
+
+
+@triton.jit
+def _candidates(sc_ptr, ssc_ptr, start, p, i0, R: tl.constexpr, COFF: tl.constexpr, C: tl.constexpr,
+                CH: tl.constexpr):
+    """Candidates i0 .. i0+CH-1 of the row position p emits: their scores s [CH, C] (NEG_SCORE before position 0 and
+    past the last), the offsets of their values in this step's rows (on, where `new` [CH, C]) and in the state's
+    (oo, -1 where not there)."""
+    i = i0 + tl.arange(0, CH)
+    q = p + 1 - COFF * R + i                                                             # positions
+    col = (i // R) * C                              # ratio 4: the previous block's first half, then the second half
+    d = tl.arange(0, C)[None, :]
+    new = ((q >= start) & (i < COFF * R))[:, None] & (d < C)                             # [CH, C]
+    old = ((q >= 0) & (q < start) & (i < COFF * R))[:, None] & (d < C)
+    on = (tl.where(q >= start, q - start, 0) * (COFF * C) + col)[:, None] + d
+    oo = tl.where(old, ((tl.where(q >= 0, q, 0) % (COFF * R)) * (COFF * C) + col)[:, None] + d, -1)
+    s = tl.where(new, tl.load(sc_ptr + on, mask=new, other=0.0), tl.load(ssc_ptr + oo, mask=old, other=NEG_SCORE))
+    return s, on, oo, new
+
+
+@triton.jit
+def _compress_emit(kv_ptr, sc_ptr, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_ptr, out_ptr, eps,
+                   R: tl.constexpr, COFF: tl.constexpr, C: tl.constexpr, NR: tl.constexpr, CH: tl.constexpr,
+                   POST: tl.constexpr, NOPE: tl.constexpr, NB: tl.constexpr, LOG2C: tl.constexpr,
+                   FP4B: tl.constexpr, PDL: tl.constexpr):
+    """Program t: the row of token t -> out[t, :C]. Input rows are COFF*C wide."""
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    start = tl.load(start_ptr)
+    p = start + t
+    d = tl.arange(0, C)
+    if (p + 1) % R == 0:
+        # one pass of the online softmax: a running maximum m, the sums rescaled when it grows; the candidates
+        # that weigh nothing (score NEG_SCORE: before position 0) are left out, as exp(NEG - max) is 0 in PyTorch
+        m = tl.full([C], NEG_SCORE, tl.float32)
+        den = tl.zeros([C], tl.float32)
+        num = tl.zeros([C], tl.float32)
+        for i0 in range(0, COFF * R, CH):
+            s, on, oo, new = _candidates(sc_ptr, ssc_ptr, start, p, i0, R, COFF, C, CH)
+            old = oo >= 0
+            v = tl.load(kv_ptr + on, mask=new, other=0.0) + tl.load(skv_ptr + oo, mask=old, other=0.0)
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            w = tl.where(s == NEG_SCORE, 0.0, tl.exp(s - m_new[None, :]))                  # [CH, C]
+            r = tl.exp(m - m_new)
+            den = den * r + tl.sum(w, axis=0)
+            num = num * r + tl.sum(w * v, axis=0)
+            m = m_new
+        x = num / den                                                                    # [C] pooled
+        x = x * tl.rsqrt(tl.sum(x * x, axis=0) / C + eps) * tl.load(norm_ptr + d)
+        # RoPE on the last NR dims, pairs (2j, 2j + 1), at the block's first position
+        x0, x1 = tl.split(tl.reshape(x, (C // 2, 2)))
+        j = tl.arange(0, C // 2) - (C - NR) // 2
+        tail = j >= 0
+        ang = (p + 1 - R).to(tl.float64) * tl.load(freq_ptr + j, mask=tail, other=0.0)
+        cs, sn = tl.cos(ang).to(tl.float32), tl.sin(ang).to(tl.float32)
+        x = tl.reshape(tl.join(tl.where(tail, x0 * cs - x1 * sn, x0), tl.where(tail, x0 * sn + x1 * cs, x1)), (C,))
+        if POST == 1:
+            x = _round_fp8(x, NOPE, C, NB)
+        if POST == 2:
+            x = _round_fp4(x, C, LOG2C, FP4B)
+        tl.store(out_ptr + t * C + d, x)
+    else:
+        tl.store(out_ptr + t * C + d, tl.zeros([C], tl.float32))
+
+
+def compress_emit_triton(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
+                         start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str,
+                         n_nope: int, eps: float) -> torch.Tensor:
+    """model/attention.py emit_rows for float32 rows of up to MAX_T tokens; c (norm's width) a power of two >= 4."""
+    T, W = kv.shape
+    C, nr = norm.shape[0], 2 * freq.shape[0]
+    coff = W // C if C else 0
+    if (kv.dtype != torch.float32 or score.shape != kv.shape or not 0 < T <= MAX_T or coff not in (1, 2)
+            or W != coff * C or C & (C - 1) or C < 4 or state_kv.shape != (coff * ratio, W)
+            or state_score.shape != state_kv.shape or not 0 < nr <= C or post not in POSTS
+            or (post == "fp8" and not 0 < n_nope <= C)):
+        raise ValueError(f"compress_emit_triton: expected float32 kv, score [T <= {MAX_T}, coff*c] (coff 1 or 2, c a "
+                         f"power of two), state [coff*ratio, coff*c], n_rot <= c, post in {POSTS}; got kv "
+                         f"{kv.dtype} {list(kv.shape)}, score {list(score.shape)}, state {list(state_kv.shape)}, "
+                         f"c {C}, n_rot {nr}, ratio {ratio}, post {post!r}, n_nope {n_nope}")
+    out = torch.empty(T, C, dtype=torch.float32, device=kv.device)
+    _compress_emit[(T,)](kv.contiguous(), score.contiguous(), state_kv.contiguous(), state_score.contiguous(), start,
+                         norm.contiguous(), freq.to(torch.float64).contiguous(), out, eps,
+                         **constexprs(ratio, coff, C, nr, post, n_nope), num_warps=WARPS, **pdl_launch(kv.device))
+    return out
+
+
+def constexprs(ratio: int, coff: int, c: int, n_rot: int, post: str, n_nope: int) -> dict:
+    """_compress_emit's compile-time arguments for a compressor of this shape and rounding."""
+    return dict(R=ratio, COFF=coff, C=c, NR=n_rot, CH=max(1, min(TILE // c, triton.next_power_of_2(coff * ratio))),
+                POST=POSTS.index(post), NOPE=max(n_nope, 1),
+                NB=triton.next_power_of_2(max(1, triton.cdiv(n_nope, FP8_BLOCK))), LOG2C=c.bit_length() - 1,
+                FP4B=min(FP4_BLOCK, c))
