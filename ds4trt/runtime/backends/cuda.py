@@ -12,9 +12,10 @@ tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one k
 (q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
-indexer's scores as one (index_triton); a prefill chunk's attention, indexer scores and stream update as one
-kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores), the
-rounding of its indexer queries too (qat_triton, bitwise PyTorch's), and its queries' norm and RoPE (rope_triton).
+indexer's scores as one (index_triton), each compressor's rows as one (compress_triton) and the rounding of the
+indexer's queries as one in every step (qat_triton, bitwise PyTorch's); a prefill chunk's attention, indexer scores
+and stream update as one kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on
+the tensor cores), and its queries' norm and RoPE (rope_triton).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -60,8 +61,8 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
-FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch versions of the query norm + RoPE, the
-                             # indexer rounding and the streams' update (a compiled step fuses them into its glue);
+FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch versions of the query norm + RoPE and
+                             # the streams' update (a compiled step fuses them into its glue);
                              # longer ones (prefill chunks) run the single-pass kernels
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
@@ -210,12 +211,20 @@ def head_norm_rope_kernel(q, cos, sin, eps: float):
     return rope_triton.head_norm_rope_triton(q, cos, sin, eps)
 
 
+@torch.library.custom_op("ds4trt::indexer_qat", mutates_args=())
+def indexer_qat_op(x: torch.Tensor, block: int, min_amax: float) -> torch.Tensor:
+    return qat_triton.indexer_qat_triton(x, block, min_amax)
+
+
+@indexer_qat_op.register_fake
+def _(x, block, min_amax):
+    return torch.empty_like(x)
+
+
 def qat_kernel(x):
-    """model/numerics.py indexer_qat of the indexer's queries on this backend: the PyTorch version for steps of up
-    to FUSED_MAX_T tokens, else one kernel (prefill chunks; bitwise the same)."""
-    if x.shape[0] <= FUSED_MAX_T:
-        return indexer_qat(x)
-    return qat_triton.indexer_qat_triton(x, min(FP4_BLOCK, x.shape[-1]), FP4_MIN_AMAX)
+    """model/numerics.py indexer_qat of the indexer's queries on this backend: one kernel, bitwise the same (in a
+    compiled decode step the PyTorch version's butterflies were spread over several of the glue's kernels)."""
+    return indexer_qat_op(x, min(FP4_BLOCK, x.shape[-1]), FP4_MIN_AMAX)
 
 
 def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
@@ -380,8 +389,9 @@ def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
     router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do a prefill chunk's query norm and RoPE, attention, indexer scores, indexer query rounding
-    and stream update (head_norm_rope_kernel, attend_kernel, index_score_kernel, qat_kernel, hc_combine); the
+    route_kernel), and so do the indexer query rounding (qat_kernel), a short step's compressor rows (emit_rows_kernel)
+    and a prefill chunk's query norm and RoPE, attention, indexer scores and stream update (head_norm_rope_kernel,
+    attend_kernel, index_score_kernel, hc_combine); the
     projections of one input become one launch per weight type (LinearGroup: attention's q_a + kv and compressor /
     indexer F16 matrices, the shared expert's gate + up)."""
     model.to(device)
