@@ -1,4 +1,4 @@
-"""ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) in one Triton pass, for prefill chunks:
+"""ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) in one Triton pass (every step):
 
     indexer_qat_triton(x [..., n] f32, block, min_amax) -> [..., n] f32, bitwise the values of indexer_qat
 
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ds4trt.plugins.kernels.moe_triton import _rint
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 ROWS = 32          # rows per program
 WARPS = 4
@@ -26,8 +27,9 @@ WARPS = 4
 
 @triton.jit
 def _indexer_qat(x_ptr, out_ptr, R, min_amax, N: tl.constexpr, LOG2N: tl.constexpr, BLOCK: tl.constexpr,
-                 BR: tl.constexpr):
+                 BR: tl.constexpr, PDL: tl.constexpr):
     """Program i: rows i*BR .. i*BR+BR-1 of x [R, N] -> out."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     off = rows.to(tl.int64)[:, None] * N + tl.arange(0, N)[None, :]
     rm = (rows < R)[:, None]
@@ -60,5 +62,5 @@ def indexer_qat_triton(x: torch.Tensor, block: int, min_amax: float) -> torch.Te
     R = x.numel() // n
     if R:
         _indexer_qat[(triton.cdiv(R, ROWS),)](x, out, R, min_amax, N=n, LOG2N=n.bit_length() - 1, BLOCK=block,
-                                              BR=ROWS, num_warps=WARPS)
+                                              BR=ROWS, num_warps=WARPS, **pdl_launch(x.device))
     return out

@@ -1,5 +1,5 @@
 """The attention queries' per-head RMS norm and rotary embedding (model/attention.py head_norm_rope) in one pass, for
-prefill chunks:
+every step (decode, verify, prefill chunks):
 
     head_norm_rope_triton(x [T, H, d] f32, cos [T, n_rot/2] f32, sin, eps) -> [T, H, d] f32
         = apply_rope_tail(rms_norm(x, None, eps), cos[:, None], sin[:, None])
@@ -14,15 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+
 HEADS = 4          # heads per program
 WARPS = 4
 
 
 @triton.jit
 def _head_norm_rope(x_ptr, cos_ptr, sin_ptr, out_ptr, H, eps, D: tl.constexpr, DP: tl.constexpr, NR: tl.constexpr,
-                    NP: tl.constexpr, HB: tl.constexpr):
+                    NP: tl.constexpr, HB: tl.constexpr, PDL: tl.constexpr):
     """Program (t, i): heads i*HB .. of token t. D values per head (DP: D padded to a power of two), the last NR
     rotated in pairs (NP: NR/2 padded)."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     row = (t * H + h)[:, None] * D                                                   # [HB, 1]
@@ -55,5 +58,6 @@ def head_norm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if T:
         _head_norm_rope[(T, triton.cdiv(H, HEADS))](
             x, cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), out, H, eps, D=D,
-            DP=triton.next_power_of_2(D), NR=nr, NP=triton.next_power_of_2(nr // 2), HB=HEADS, num_warps=WARPS)
+            DP=triton.next_power_of_2(D), NR=nr, NP=triton.next_power_of_2(nr // 2), HB=HEADS, num_warps=WARPS,
+            **pdl_launch(x.device))
     return out

@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, emit_rows, head_norm_rope, top_rows
+from ds4trt.model.attention import Attention, Compressor, emit_rows, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -61,8 +61,8 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
-FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch versions of the query norm + RoPE and
-                             # the streams' update (a compiled step fuses them into its glue);
+FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch version of the streams' update (a
+                             # compiled step fuses it into its glue);
                              # longer ones (prefill chunks) run the single-pass kernels
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
@@ -203,12 +203,20 @@ def emit_rows_kernel(kv, score, state_kv, state_score, start, norm, freq, ratio:
     return emit_rows(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
 
 
-def head_norm_rope_kernel(q, cos, sin, eps: float):
-    """model/attention.py head_norm_rope on this backend: the PyTorch version for steps of up to FUSED_MAX_T
-    tokens, else one kernel (prefill chunks)."""
-    if q.shape[0] <= FUSED_MAX_T:
-        return head_norm_rope(q, cos, sin, eps)
+@torch.library.custom_op("ds4trt::head_norm_rope", mutates_args=())
+def head_norm_rope_op(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
     return rope_triton.head_norm_rope_triton(q, cos, sin, eps)
+
+
+@head_norm_rope_op.register_fake
+def _(q, cos, sin, eps):
+    return torch.empty_like(q)
+
+
+def head_norm_rope_kernel(q, cos, sin, eps: float):
+    """model/attention.py head_norm_rope on this backend: one kernel (compiled, the PyTorch version of a short step
+    was two of the glue's, a reduction and the rotation)."""
+    return head_norm_rope_op(q, cos, sin, eps)
 
 
 @torch.library.custom_op("ds4trt::indexer_qat", mutates_args=())
@@ -493,14 +501,16 @@ INDUCTOR_OPTIONS = {"combo_kernels": True, "triton.enable_pdl": True}
 
 
 def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
-    """torch.compile every transformer block of these models in place (see the module docstring), with
-    INDUCTOR_OPTIONS updated by `options` (torch._inductor.config names); DS4_PDL=0 drops Inductor's PDL too."""
+    """torch.compile every transformer block and the output head of these models in place (see the module
+    docstring), with INDUCTOR_OPTIONS updated by `options` (torch._inductor.config names); DS4_PDL=0 drops Inductor's
+    PDL too."""
     torch._dynamo.config.recompile_limit = 512          # block kinds x step lengths, all legitimate
     torch._dynamo.config.accumulated_recompile_limit = 4096
     options = INDUCTOR_OPTIONS | ({} if pdl_wanted() else {"triton.enable_pdl": False}) | (options or {})
     for m in models:
         for b in (m.blocks if hasattr(m, "blocks") else [m.block]):
             b.compile(fullgraph=True, dynamic=False, options=options)
+        m.head = torch.compile(m.head, fullgraph=True, dynamic=False, options=options)
 
 
 def resident_bytes(weights) -> int:
