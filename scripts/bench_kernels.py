@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ds4trt.model.attention import emit_rows, top_rows  # noqa: E402
 from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.rope import inv_freq  # noqa: E402
-from ds4trt.plugins.kernels import compress_triton as CE  # noqa: E402
+from ds4trt.plugins.kernels import rows_triton as RT  # noqa: E402
 from ds4trt.plugins.kernels import attn_triton as A  # noqa: E402
 from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
@@ -466,7 +466,7 @@ def bench_compress(bw: float, results: list) -> None:
             st = torch.tensor(start, device=DEV)
             args = (kv, sc, skv, ssc, st, norm, freq, R, post, 448, 1e-6)
             nbytes = (2 * coff * R * coff * c + 2 * T * coff * c + T * c) * 4 if what != "no row" else T * c * 4
-            for label, fn in ((f"compress_emit R={R} c={c} {what}", lambda a=args: CE.compress_emit_triton(*a)),
+            for label, fn in ((f"compress_emit R={R} c={c} {what}", lambda a=args: RT.compress_emit_triton(*a)),
                               (f"torch emit_rows R={R} c={c} {what}", lambda a=args: emit_rows(*a))):
                 guarded(f"{label} T={T}", results, lambda fn=fn, T=T, nb=nbytes, label=label:
                         results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="compress")))

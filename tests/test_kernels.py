@@ -474,13 +474,13 @@ EMIT_CASES = [(128, 512, 64, 448, "fp8"), (4, 512, 64, 448, "fp8"), (4, 128, 64,
 
 @pytest.mark.parametrize("case", EMIT_CASES if GPU else EMIT_CASES[1:], ids=lambda c: "-".join(map(str, c)))
 def test_compress_emit_vs_float64(case):
-    """A compressor's rows for short steps (compress_triton) against model/attention.py emit_rows: unrounded rows
+    """A compressor's rows for short steps (rows_triton) against model/attention.py emit_rows: unrounded rows
     against float64 within TOL; each rounding ("fp8", "fp4") bit for bit PyTorch's round_row of the kernel's own
     unrounded rows, and non-emitting tokens' rows zero. Fresh random rows and state at magnitudes 1e-3 .. 1e3,
     norm weights 1e-7 .. 10 (blocks below FP8_MIN_AMAX, values in E4M3's subnormal range), steps of 1..16 tokens
     starting where candidates lie before position 0, in the state, in the step, or both."""
     from ds4trt.model.attention import emit_rows, round_row
-    from ds4trt.plugins.kernels.compress_triton import compress_emit_triton
+    from ds4trt.plugins.kernels.rows_triton import compress_emit_triton
 
     R, c, nr, n_nope, post = case
     coff = 2 if R == 4 else 1
@@ -510,8 +510,35 @@ def test_compress_emit_vs_float64(case):
     assert emitted >= 3
 
 
+@pytest.mark.parametrize("shape", [(512, 64, 448), (64, 16, 48)], ids=lambda s: "x".join(map(str, s)))
+def test_kv_row_vs_float64(shape):
+    """The raw KV row of short steps (rows_triton) against model/attention.py kv_row: unrounded rows against float64
+    within TOL; the "fp8" rows bit for bit kv_row's rounding (FP8, then f16) of the kernel's own unrounded rows. Fresh
+    rows at magnitudes 1e-3 .. 1e3, norm weights 1e-7 .. 10, angles of positions up to 1e5; Flash's row and the tiny
+    model's (a 48-dim FP8 part: a shorter last block)."""
+    from ds4trt.model.attention import kv_row
+    from ds4trt.model.numerics import fp8_kv_row, round_f16
+    from ds4trt.plugins.kernels.rows_triton import kv_row_triton
+
+    d, nr, n_nope = shape
+    g = torch.Generator().manual_seed(_seed("kv_row", *shape))
+    for T in (1, 5, 16):
+        kva = torch.randn(T, d, generator=g) * torch.logspace(-3, 3, T)[:, None]
+        norm = torch.logspace(-7, 1, d)[torch.randperm(d, generator=g)]
+        ang = torch.rand(T, 1, generator=g, dtype=torch.float64) * 1e5 * torch.logspace(-4, 0, nr // 2,
+                                                                                         dtype=torch.float64)
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        want = kv_row(kva.double(), norm.double(), cos, sin, 1e-6, "none", n_nope)
+        args = [a.to(DEVICE) for a in (kva, norm, cos, sin)]
+        got = kv_row_triton(*args, 1e-6, "none", n_nope).cpu()
+        assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+        rounded = kv_row_triton(*args, 1e-6, "fp8", n_nope).cpu()
+        bad = (rounded != round_f16(fp8_kv_row(got, n_nope))).sum().item()
+        assert bad == 0, f"T = {T}: {bad} of {got.numel()} rounded values differ"
+
+
 def test_compress_emit_refuses_long_steps():
-    from ds4trt.plugins.kernels.compress_triton import MAX_T, compress_emit_triton
+    from ds4trt.plugins.kernels.rows_triton import MAX_T, compress_emit_triton
 
     kv = torch.zeros(MAX_T + 1, 128, device=DEVICE)
     with pytest.raises(ValueError, match="compress_emit_triton: expected float32 kv"):
@@ -814,6 +841,7 @@ def test_every_variant_compiles_for_sm90():
         ok(W.index_score())
         for R, C, NR, post, n_nope in ((128, 512, 64, "fp8", 448), (4, 512, 64, "fp8", 448), (4, 128, 64, "fp4", 448)):
             ok(W.compress_emit(R, C, NR, post, n_nope))
+        ok(W.kv_row())
         ok(W.index_score_long(*I.LONG_CONFIG))
         for K in (194, 1154):
             ks, ch, w = A.SMALL_CONFIG if K <= A.SMALL_KEYS else A.CONFIG

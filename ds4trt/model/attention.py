@@ -50,6 +50,14 @@ def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: f
     return apply_rope_tail(rms_norm(x, None, eps), cos[:, None], sin[:, None])
 
 
+def kv_row(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, post: str,
+           n_nope: int) -> torch.Tensor:
+    """The raw K=V row of each new token: kva [T, d] RMS-normed (norm [d]), its tail rotated (cos, sin [T, n_rot/2]),
+    and for post "fp8" (ds4 numerics) the FP8 round trip of its first n_nope dims, then f16 precision -> [T, d]."""
+    kv = apply_rope_tail(rms_norm(kva, norm, eps), cos, sin)
+    return round_f16(fp8_kv_row(kv, n_nope)) if post == "fp8" else kv
+
+
 def index_score(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The indexer's score of each compressed row: w [t, nh] head weights, q [t, nh, di] queries, keys [K, di]
     -> [t, K] = sum over heads of w * relu(q . key)."""
@@ -162,32 +170,29 @@ class Attention(nn.Module):
         self.kv, self.kv_norm, self.sinks = lin("attn_kv.weight"), g("attn_kv_a_norm.weight"), g("attn_sinks.weight")
         self.out_a, self.out_b = lin("attn_output_a.weight", cfg.o_groups), lin("attn_output_b.weight")
         self.freq = inv_freq(cfg, compressed=self.ratio != 0)
-        keep = lambda x: x  # noqa: E731
-        fp8 = (lambda x: fp8_kv_row(x, cfg.n_nope)) if self.ds4 else keep
         if self.ratio:
             self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, lin("attn_compressor_kv.weight"),
                                          lin("attn_compressor_gate.weight"),
                                          w(prefix + "attn_compressor_ape.weight"),
                                          w(prefix + "attn_compressor_norm.weight"), "fp8" if self.ds4 else "none")
         if self.ratio == 4:
-            qat = indexer_qat if self.ds4 else keep
-            self.qat = qat
+            self.qat = indexer_qat if self.ds4 else (lambda x: x)
             self.index_q_b, self.index_proj = lin("indexer.attn_q_b.weight"), lin("indexer.proj.weight")
             self.index_compressor = Compressor(cfg, 4, cfg.index_head_dim, lin("indexer_compressor_kv.weight"),
                                                lin("indexer_compressor_gate.weight"),
                                                w(prefix + "indexer_compressor_ape.weight"),
                                                w(prefix + "indexer_compressor_norm.weight"),
                                                "fp4" if self.ds4 else "none")
-        self.fp8 = fp8
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
-        # a backend may set kernels with the signatures of attend, index_score, top_rows, head_norm_rope and
-        # project_group (fewer launches for u_projections)
+        # a backend may set kernels with the signatures of attend, index_score, top_rows, head_norm_rope, kv_row
+        # and project_group (fewer launches for u_projections)
         self.attend = attend
         self.index_score = index_score
         self.top_rows = top_rows
         self.head_norm_rope = head_norm_rope
+        self.kv_row = kv_row
         self.group = project_group
 
     def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
@@ -201,9 +206,7 @@ class Attention(nn.Module):
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
         cos, sin = rope_cos_sin(self.freq, pos)
         q = self.head_norm_rope(self.q_b(qn).reshape(T, H, d), cos, sin, cfg.rms_eps)   # [T, H, d]
-        kv = apply_rope_tail(rms_norm(kva, self.kv_norm, cfg.rms_eps), cos, sin)       # [T, d]
-        if self.ds4:
-            kv = round_f16(self.fp8(kv))
+        kv = self.kv_row(kva, self.kv_norm, cos, sin, cfg.rms_eps, "fp8" if self.ds4 else "none", cfg.n_nope)  # [T, d]
         rows = LayerRows(raw=kv)
 
         # raw window keys: the W-1 committed positions before `start`, then the T new rows

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ds4trt.plugins.kernels import attn_triton, compress_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, \
-    q8_triton, rope_triton, route_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, q8_triton, \
+    rope_triton, route_triton, rows_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
 F64 = torch.empty(64, dtype=torch.float64)
@@ -122,10 +122,16 @@ def index_score(keys: int = 513, heads: int = 64, di: int = 128):
                                             KB=index_triton.KB, num_warps=4, **LAUNCH)
 
 
+def kv_row(C: int = 512, NR: int = 64, n_nope: int = 448):
+    K = rows_triton
+    return K._kv_row.warmup(F32, F32, F32, F32, F32, 1e-6, C=C, NR=NR, POST=1, NOPE=n_nope, NB=K._fp8_blocks(n_nope),
+                            num_warps=4, **LAUNCH)
+
+
 def compress_emit(R: int, C: int, NR: int, post: str, n_nope: int):
-    K = compress_triton
+    K = rows_triton
     return K._compress_emit.warmup(F32, F32, F32, F32, I64, F32, F64, F32, 1e-6,
-                                   **K.constexprs(R, 2 if R == 4 else 1, C, NR, post, n_nope), num_warps=K.WARPS,
+                                   **K.emit_constexprs(R, 2 if R == 4 else 1, C, NR, post, n_nope), num_warps=K.WARPS,
                                    **LAUNCH)
 
 

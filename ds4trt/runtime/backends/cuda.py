@@ -12,10 +12,10 @@ tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one k
 (q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
-indexer's scores as one (index_triton), each compressor's rows as one (compress_triton) and the rounding of the
-indexer's queries as one in every step (qat_triton, bitwise PyTorch's); a prefill chunk's attention, indexer scores
-and stream update as one kernel each (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on
-the tensor cores), and its queries' norm and RoPE (rope_triton).
+indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each (rows_triton); in
+every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
+PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update too (attend_long_triton,
+index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, emit_rows, top_rows
+from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -48,8 +48,8 @@ from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, compress_triton, f16_triton, hc_triton, index_triton, moe_triton, \
-    q8_triton, qat_triton, rope_triton, route_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, qat_triton, \
+    rope_triton, route_triton, rows_triton, topk_triton
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
@@ -181,11 +181,30 @@ def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
     return route(logits, bias, tid2eid, tokens, k, scale)
 
 
+@torch.library.custom_op("ds4trt::kv_row", mutates_args=())
+def kv_row_op(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, post: str,
+              n_nope: int) -> torch.Tensor:
+    return rows_triton.kv_row_triton(kva, norm, cos, sin, eps, post, n_nope)
+
+
+@kv_row_op.register_fake
+def _(kva, norm, cos, sin, eps, post, n_nope):
+    return torch.empty_like(kva)
+
+
+def kv_row_kernel(kva, norm, cos, sin, eps: float, post: str, n_nope: int):
+    """model/attention.py kv_row on this backend: one kernel for steps of up to rows_triton.MAX_T tokens, else the
+    PyTorch version (prefill chunks)."""
+    if kva.shape[0] <= rows_triton.MAX_T:
+        return kv_row_op(kva, norm, cos, sin, eps, post, n_nope)
+    return kv_row(kva, norm, cos, sin, eps, post, n_nope)
+
+
 @torch.library.custom_op("ds4trt::compress_emit", mutates_args=())
 def compress_emit_op(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
                      start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str, n_nope: int,
                      eps: float) -> torch.Tensor:
-    return compress_triton.compress_emit_triton(kv, score, state_kv, state_score, start, norm, freq, ratio, post,
+    return rows_triton.compress_emit_triton(kv, score, state_kv, state_score, start, norm, freq, ratio, post,
                                                 n_nope, eps)
 
 
@@ -196,9 +215,9 @@ def _(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, 
 
 def emit_rows_kernel(kv, score, state_kv, state_score, start, norm, freq, ratio: int, post: str, n_nope: int,
                      eps: float):
-    """model/attention.py emit_rows on this backend: one kernel for steps of up to compress_triton.MAX_T tokens
+    """model/attention.py emit_rows on this backend: one kernel for steps of up to rows_triton.MAX_T tokens
     (decode, verify, draft), else the PyTorch version (prefill chunks)."""
-    if kv.shape[0] <= compress_triton.MAX_T:
+    if kv.shape[0] <= rows_triton.MAX_T:
         return compress_emit_op(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
     return emit_rows(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
 
@@ -395,13 +414,13 @@ class CudaExperts(GGUFExperts):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the
-    router's choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do the indexer query rounding (qat_kernel), a short step's compressor rows (emit_rows_kernel)
-    and a prefill chunk's query norm and RoPE, attention, indexer scores and stream update (head_norm_rope_kernel,
-    attend_kernel, index_score_kernel, hc_combine); the
-    projections of one input become one launch per weight type (LinearGroup: attention's q_a + kv and compressor /
-    indexer F16 matrices, the shared expert's gate + up)."""
+    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k, the router's
+    choice and the cache rows of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel,
+    top_rows_kernel, route_kernel, kv_row_kernel, emit_rows_kernel), and so do every step's query norm and RoPE and
+    indexer query rounding (head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
+    stream update (attend_kernel, index_score_kernel, hc_combine); the projections of one input become one launch per
+    weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate +
+    up)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -412,6 +431,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
             m.head_norm_rope = head_norm_rope_kernel
+            m.kv_row = kv_row_kernel
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
                 m.qat = qat_kernel

@@ -1,22 +1,28 @@
-"""A compressor's rows for a short step (decode, verify, draft) in one Triton kernel:
+"""The cache rows a short step (decode, verify, draft) proposes (model/state.py LayerRows), one Triton kernel each:
 
+    kv_row_triton(kva [T, d] f32, norm [d], cos [T, n_rot/2], sin, eps, post, n_nope) -> raw [T, d] f32
+        = model/attention.py kv_row: RMS norm, RoPE tail, for post "fp8" the FP8 round trip and f16 precision
     compress_emit_triton(kv [T, coff*c] f32, score [T, coff*c], state_kv [coff*R, coff*c], state_score, start 0-d int64,
                          norm [c] f32, freq [n_rot/2] f64, ratio, post, n_nope, eps) -> rows [T, c] f32
         = model/attention.py emit_rows
 
-Token t (position p = start + t) emits a row when (p + 1) % R == 0: the softmax-weighted pool, per dim, of the
-candidates of its block (the R positions p+1-R .. p; ratio 4 also the R before them, in the first half of the width,
-its own block in the second half), RMS-normed, its RoPE tail rotated at the block's first position p+1-R, rounded by
-`post` (model/attention.py POSTS: "fp8" the FP8 E4M3 round trip of dims [0, n_nope) in blocks of 64, the last one shorter; "fp4" the
-indexer's Hadamard + FP4 E2M1 round trip in blocks of min(32, c); "none"). A candidate at or after `start` is a row
-of this step's kv / score, one before it the state's slot q % (coff*R), one before position 0 weighs nothing.
+kv_row: program t does token t's row (compiled PyTorch made three kernels of it: the norm's and the FP8 blocks'
+reductions and the rotation between them).
 
-Program t does token t. A token that does not emit (R - 1 of every R decode steps) stores its zero row and reads
-nothing else, so a decode step's compressor costs one launch (compiled PyTorch made 5-7 kernels of each compressor,
-the indexer's Hadamard butterflies alone two). The pool is one pass over the candidates, TILE / c at a time (online
-softmax). The rounding repeats model/numerics.py's float32 operations, so
-given the same normed and rotated row it gives PyTorch's rows to the bit (tests/test_kernels.py checks that); the
-pool and the norm sum in another order than PyTorch (~1e-7 relative).
+compress_emit: token t (position p = start + t) emits a row when (p + 1) % R == 0: the softmax-weighted pool, per dim,
+of the candidates of its block (the R positions p+1-R .. p; ratio 4 also the R before them, in the first half of the
+width, its own block in the second half), RMS-normed, its RoPE tail rotated at the block's first position p+1-R,
+rounded by `post` (model/attention.py POSTS: "fp8" the FP8 E4M3 round trip of dims [0, n_nope) in blocks of 64, the
+last one shorter; "fp4" the indexer's Hadamard + FP4 E2M1 round trip in blocks of min(32, c); "none"). A candidate at
+or after `start` is a row of this step's kv / score, one before it the state's slot q % (coff*R), one before position
+0 weighs nothing. Program t does token t. A token that does not emit (R - 1 of every R decode steps) stores its zero
+row and reads nothing else, so a decode step's compressor costs one launch (compiled PyTorch made 5-7 kernels of each
+compressor, the indexer's Hadamard butterflies alone two). The pool is one pass over the candidates, TILE / c at a
+time (online softmax).
+
+The FP8 / FP4 rounding repeats model/numerics.py's float32 operations, so given the same normed and rotated row both
+kernels give PyTorch's rows to the bit (tests/test_kernels.py checks that); the pool and the norms sum in another
+order than PyTorch (~1e-7 relative).
 """
 
 from __future__ import annotations
@@ -31,9 +37,9 @@ from ds4trt.model.state import NEG
 from ds4trt.plugins.kernels.moe_triton import _rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
-MAX_T = 16         # the steps this kernel serves (prefill chunks keep the PyTorch version)
-TILE = 2048        # candidates x dims loaded per loop step (CH = TILE / c candidates): more spills registers
-WARPS = 8
+MAX_T = 16         # the steps these kernels serve (prefill chunks keep the PyTorch versions)
+TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c candidates): more spills
+WARPS = 8          # registers (sm_90)
 NEG_SCORE = tl.constexpr(NEG)
 FP8_B, FP8_Q, FP8_MIN = tl.constexpr(FP8_BLOCK), tl.constexpr(FP8_MAX), tl.constexpr(FP8_MIN_AMAX)
 FP4_Q, FP4_MIN = tl.constexpr(FP4_MAX), tl.constexpr(FP4_MIN_AMAX)
@@ -78,6 +84,46 @@ def _round_fp4(x, C: tl.constexpr, LOG2C: tl.constexpr, BLOCK: tl.constexpr):
     q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
     q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
     return tl.reshape(q, (C,))
+
+
+@triton.jit
+def _kv_row(kva_ptr, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, C: tl.constexpr, NR: tl.constexpr, POST: tl.constexpr,
+            NOPE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
+    """Program t: token t's row kva[t] -> out[t] (C values, the last NR rotated)."""
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    d = tl.arange(0, C)
+    x = tl.load(kva_ptr + t * C + d)
+    x = x * tl.rsqrt(tl.sum(x * x, axis=0) / C + eps) * tl.load(norm_ptr + d)
+    x0, x1 = tl.split(tl.reshape(x, (C // 2, 2)))
+    j = tl.arange(0, C // 2) - (C - NR) // 2
+    tail = j >= 0
+    cs = tl.load(cos_ptr + t * (NR // 2) + j, mask=tail, other=1.0)
+    sn = tl.load(sin_ptr + t * (NR // 2) + j, mask=tail, other=0.0)
+    x = tl.reshape(tl.join(tl.where(tail, x0 * cs - x1 * sn, x0), tl.where(tail, x0 * sn + x1 * cs, x1)), (C,))
+    if POST == 1:
+        x = _round_fp8(x, NOPE, C, NB).to(tl.float16).to(tl.float32)
+    tl.store(out_ptr + t * C + d, x)
+
+
+def kv_row_triton(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, post: str,
+                  n_nope: int) -> torch.Tensor:
+    """model/attention.py kv_row for float32 rows of up to MAX_T tokens, d (norm's width) a power of two; cos, sin of
+    any float type (used as float32, as apply_rope_tail does)."""
+    T, C = kva.shape
+    nr = 2 * cos.shape[-1]
+    if (kva.dtype != torch.float32 or not 0 < T <= MAX_T or norm.shape != (C,) or C & (C - 1) or C < 4
+            or cos.shape != (T, nr // 2) or sin.shape != cos.shape or not 0 < nr <= C or post not in ("none", "fp8")
+            or (post == "fp8" and not 0 < n_nope <= C)):
+        raise ValueError(f"kv_row_triton: expected float32 kva [T <= {MAX_T}, d] (d a power of two), norm [d], cos, "
+                         f"sin [T, n_rot/2] with n_rot <= d, post 'none' or 'fp8'; got kva {kva.dtype} "
+                         f"{list(kva.shape)}, norm {list(norm.shape)}, cos {list(cos.shape)}, post {post!r}, "
+                         f"n_nope {n_nope}")
+    out = torch.empty_like(kva)
+    _kv_row[(T,)](kva.contiguous(), norm.contiguous(), cos.to(torch.float32).contiguous(),
+                  sin.to(torch.float32).contiguous(), out, eps, C=C, NR=nr, POST=POSTS.index(post),
+                  NOPE=max(n_nope, 1), NB=_fp8_blocks(n_nope), num_warps=4, **pdl_launch(kva.device))
+    return out
 
 
 @triton.jit
@@ -161,13 +207,18 @@ def compress_emit_triton(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.
     out = torch.empty(T, C, dtype=torch.float32, device=kv.device)
     _compress_emit[(T,)](kv.contiguous(), score.contiguous(), state_kv.contiguous(), state_score.contiguous(), start,
                          norm.contiguous(), freq.to(torch.float64).contiguous(), out, eps,
-                         **constexprs(ratio, coff, C, nr, post, n_nope), num_warps=WARPS, **pdl_launch(kv.device))
+                         **emit_constexprs(ratio, coff, C, nr, post, n_nope), num_warps=WARPS, **pdl_launch(kv.device))
     return out
 
 
-def constexprs(ratio: int, coff: int, c: int, n_rot: int, post: str, n_nope: int) -> dict:
+def emit_constexprs(ratio: int, coff: int, c: int, n_rot: int, post: str, n_nope: int) -> dict:
     """_compress_emit's compile-time arguments for a compressor of this shape and rounding."""
     return dict(R=ratio, COFF=coff, C=c, NR=n_rot, CH=max(1, min(TILE // c, triton.next_power_of_2(coff * ratio))),
                 POST=POSTS.index(post), NOPE=max(n_nope, 1),
-                NB=triton.next_power_of_2(max(1, triton.cdiv(n_nope, FP8_BLOCK))), LOG2C=c.bit_length() - 1,
+                NB=_fp8_blocks(n_nope), LOG2C=c.bit_length() - 1,
                 FP4B=min(FP4_BLOCK, c))
+
+
+def _fp8_blocks(n_nope: int) -> int:
+    """_round_fp8's NB: the FP8 blocks of n_nope dims, padded to a power of two."""
+    return triton.next_power_of_2(max(1, triton.cdiv(n_nope, FP8_BLOCK)))
