@@ -12,9 +12,11 @@
     attn_triton.attend_long_triton  the same for prefill chunks (flash-attention style, float16 parts)
     index_triton.index_score_triton  the indexer's scores of the compressed rows (model/attention.py index_score),
                                   T <= 16; index_score_long_triton for prefill chunks
-    qat_triton.indexer_qat_triton  ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) of a
-                                  prefill chunk in one pass, bitwise PyTorch's
-    rope_triton.head_norm_rope_triton  the attention queries' per-head norm and RoPE of a prefill chunk in one pass
+    qat_triton.indexer_qat_triton  ds4's rounding of the indexer's queries (model/numerics.py indexer_qat) in one
+                                  pass, bitwise PyTorch's
+    rope_triton.head_norm_rope_triton  the attention queries' per-head norm and RoPE in one pass
+    rows_triton.kv_row_triton     the raw KV row of a short step (model/attention.py kv_row), T <= 16
+    rows_triton.compress_emit_triton  a compressor's rows of a short step (model/attention.py emit_rows), T <= 16
     parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where

@@ -48,8 +48,8 @@ from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, qat_triton, \
-    rope_triton, route_triton, rows_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
+    qat_triton, rope_triton, route_triton, rows_triton, topk_triton
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
