@@ -38,8 +38,8 @@ from ds4trt.plugins.kernels.moe_triton import _rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16         # the steps these kernels serve (prefill chunks keep the PyTorch versions)
-TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c candidates): more spills
-WARPS = 8          # registers (sm_90)
+TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c); larger tiles spill
+WARPS = 8          # compress_emit's warps (sm_90 SASS at TILE: 99-108 registers per thread)
 NEG_SCORE = tl.constexpr(NEG)
 FP8_B, FP8_Q, FP8_MIN = tl.constexpr(FP8_BLOCK), tl.constexpr(FP8_MAX), tl.constexpr(FP8_MIN_AMAX)
 FP4_Q, FP4_MIN = tl.constexpr(FP4_MAX), tl.constexpr(FP4_MIN_AMAX)
