@@ -136,7 +136,6 @@ class Compressor(nn.Module):
         post: the rounding of each emitted row (round_row: "fp8", "fp4" or "none")."""
         super().__init__()
         self.cfg, self.ratio, self.width = cfg, ratio, width
-        self.coff = 2 if ratio == 4 else 1
         self.kv, self.gate, self.ape, self.norm = kv, gate, _param(ape), _param(norm)
         self.freq = inv_freq(cfg, compressed=True)
         self.post = post

@@ -39,7 +39,7 @@ from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16         # the steps these kernels serve (prefill chunks keep the PyTorch versions)
 TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c); larger tiles spill
-WARPS = 8          # compress_emit's warps (sm_90 SASS at TILE: 99-108 registers per thread)
+WARPS = 8          # compress_emit's warps (sm_90 SASS at TILE: 64-108 registers per thread)
 NEG_SCORE = tl.constexpr(NEG)
 FP8_B, FP8_Q, FP8_MIN = tl.constexpr(FP8_BLOCK), tl.constexpr(FP8_MAX), tl.constexpr(FP8_MIN_AMAX)
 FP4_Q, FP4_MIN = tl.constexpr(FP4_MAX), tl.constexpr(FP4_MIN_AMAX)
@@ -87,20 +87,26 @@ def _round_fp4(x, C: tl.constexpr, LOG2C: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _norm_rope(x, norm_ptr, cs, sn, eps, C: tl.constexpr, NR: tl.constexpr):
+    """x [C] RMS-normed (weights norm_ptr [C]), then its last NR dims rotated in pairs (2j, 2j + 1) by cs, sn [C/2]
+    (pair j's; the values of the pairs before the tail are not used) -> [C]"""
+    x = x * tl.rsqrt(tl.sum(x * x, axis=0) / C + eps) * tl.load(norm_ptr + tl.arange(0, C))
+    x0, x1 = tl.split(tl.reshape(x, (C // 2, 2)))
+    tail = tl.arange(0, C // 2) >= (C - NR) // 2
+    return tl.reshape(tl.join(tl.where(tail, x0 * cs - x1 * sn, x0), tl.where(tail, x0 * sn + x1 * cs, x1)), (C,))
+
+
+@triton.jit
 def _kv_row(kva_ptr, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, C: tl.constexpr, NR: tl.constexpr, POST: tl.constexpr,
             NOPE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
     """Program t: token t's row kva[t] -> out[t] (C values, the last NR rotated)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     d = tl.arange(0, C)
-    x = tl.load(kva_ptr + t * C + d)
-    x = x * tl.rsqrt(tl.sum(x * x, axis=0) / C + eps) * tl.load(norm_ptr + d)
-    x0, x1 = tl.split(tl.reshape(x, (C // 2, 2)))
-    j = tl.arange(0, C // 2) - (C - NR) // 2
-    tail = j >= 0
-    cs = tl.load(cos_ptr + t * (NR // 2) + j, mask=tail, other=1.0)
-    sn = tl.load(sin_ptr + t * (NR // 2) + j, mask=tail, other=0.0)
-    x = tl.reshape(tl.join(tl.where(tail, x0 * cs - x1 * sn, x0), tl.where(tail, x0 * sn + x1 * cs, x1)), (C,))
+    j = tl.arange(0, C // 2) - (C - NR) // 2                                            # pair j of the tail
+    cs = tl.load(cos_ptr + t * (NR // 2) + j, mask=j >= 0, other=1.0)
+    sn = tl.load(sin_ptr + t * (NR // 2) + j, mask=j >= 0, other=0.0)
+    x = _norm_rope(tl.load(kva_ptr + t * C + d), norm_ptr, cs, sn, eps, C, NR)
     if POST == 1:
         x = _round_fp8(x, NOPE, C, NB).to(tl.float16).to(tl.float32)
     tl.store(out_ptr + t * C + d, x)
@@ -136,8 +142,8 @@ def _candidates(sc_ptr, ssc_ptr, start, p, i0, R: tl.constexpr, COFF: tl.constex
     q = p + 1 - COFF * R + i                                                             # positions
     col = (i // R) * C                              # ratio 4: the previous block's first half, then the second half
     d = tl.arange(0, C)[None, :]
-    new = ((q >= start) & (i < COFF * R))[:, None] & (d < C)                             # [CH, C]
-    old = ((q >= 0) & (q < start) & (i < COFF * R))[:, None] & (d < C)
+    new = tl.broadcast_to(((q >= start) & (i < COFF * R))[:, None], (CH, C))
+    old = tl.broadcast_to(((q >= 0) & (q < start) & (i < COFF * R))[:, None], (CH, C))
     on = (tl.where(q >= start, q - start, 0) * (COFF * C) + col)[:, None] + d
     oo = tl.where(old, ((tl.where(q >= 0, q, 0) % (COFF * R)) * (COFF * C) + col)[:, None] + d, -1)
     s = tl.where(new, tl.load(sc_ptr + on, mask=new, other=0.0), tl.load(ssc_ptr + oo, mask=old, other=NEG_SCORE))
@@ -171,15 +177,10 @@ def _compress_emit(kv_ptr, sc_ptr, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_p
             den = den * r + tl.sum(w, axis=0)
             num = num * r + tl.sum(w * v, axis=0)
             m = m_new
-        x = num / den                                                                    # [C] pooled
-        x = x * tl.rsqrt(tl.sum(x * x, axis=0) / C + eps) * tl.load(norm_ptr + d)
-        # RoPE on the last NR dims, pairs (2j, 2j + 1), at the block's first position
-        x0, x1 = tl.split(tl.reshape(x, (C // 2, 2)))
-        j = tl.arange(0, C // 2) - (C - NR) // 2
-        tail = j >= 0
-        ang = (p + 1 - R).to(tl.float64) * tl.load(freq_ptr + j, mask=tail, other=0.0)
-        cs, sn = tl.cos(ang).to(tl.float32), tl.sin(ang).to(tl.float32)
-        x = tl.reshape(tl.join(tl.where(tail, x0 * cs - x1 * sn, x0), tl.where(tail, x0 * sn + x1 * cs, x1)), (C,))
+        # RoPE at the block's first position
+        j = tl.arange(0, C // 2) - (C - NR) // 2                                        # pair j of the tail
+        ang = (p + 1 - R).to(tl.float64) * tl.load(freq_ptr + j, mask=j >= 0, other=0.0)
+        x = _norm_rope(num / den, norm_ptr, tl.cos(ang).to(tl.float32), tl.sin(ang).to(tl.float32), eps, C, NR)
         if POST == 1:
             x = _round_fp8(x, NOPE, C, NB)
         if POST == 2:

@@ -63,7 +63,7 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch version of the streams' update (a
                              # compiled step fuses it into its glue);
-                             # longer ones (prefill chunks) run the single-pass kernels
+                             # longer ones (prefill chunks) run the single-pass kernel (hc_post_triton)
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
 # BENCHMARKS.md, 14767a2, with the prefill attention kernel) chunks of 1024 / 2048 prefilled a 2048-token prompt at
@@ -204,8 +204,8 @@ def kv_row_kernel(kva, norm, cos, sin, eps: float, post: str, n_nope: int):
 def compress_emit_op(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
                      start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str, n_nope: int,
                      eps: float) -> torch.Tensor:
-    return rows_triton.compress_emit_triton(kv, score, state_kv, state_score, start, norm, freq, ratio, post,
-                                                n_nope, eps)
+    return rows_triton.compress_emit_triton(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope,
+                                            eps)
 
 
 @compress_emit_op.register_fake
