@@ -26,7 +26,7 @@ zeros; the kernels' time does not depend on the values):
       torch.sort it replaces, for comparison;
   2g. a compressor's rows of a short step (compress_emit_triton) at T = 1 (a token that emits and one that does
       not) and T = 5, for the ratio-128 and ratio-4 KV compressors and the ratio-4 indexer's, and the PyTorch
-      emit_rows it replaces (eager: compiled, it is several kernels);
+      emit_rows it replaces (uncompiled PyTorch ops in the same CUDA graph; compiled they are several kernels);
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
      attention's keys per program, while the time budget lasts.
