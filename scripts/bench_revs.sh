@@ -10,6 +10,8 @@
 # `run` installs the carried wheels into /tmp/site, then runs the command in each revs/<REV>/ in turn with
 # PYTHONPATH pointing at it, and writes one log per commit to $OUT/<REV>.log (the device tool brings back only a
 # few files, so the command should not write more of its own) and the last lines of each to stdout.
+# ROUNDS=N runs the commits N times, in reverse order every second round (A B, B A, ...: timings drift within a
+# call by about as much as small changes gain), logs $OUT/<REV>.r<round>.log.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 case "$1" in
@@ -30,13 +32,20 @@ run)
     mkdir -p "$OUT"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
     status=0
-    for dir in revs/*/; do
-        rev=$(basename "$dir")
-        (cd "$dir" && PYTHONPATH="/tmp/site:$PWD" bash -c "$2") > "$OUT/$rev.log" 2>&1
-        rc=$?
-        [ $rc -eq 0 ] || status=1
-        echo "== $rev (rc $rc)"
-        tail -n "${TAIL:-12}" "$OUT/$rev.log"
+    rounds=${ROUNDS:-1}
+    dirs=$(ls -d revs/*/)
+    for round in $(seq 1 "$rounds"); do
+        order=$dirs
+        [ $((round % 2)) -eq 0 ] && order=$(echo "$dirs" | tac)
+        for dir in $order; do
+            rev=$(basename "$dir")
+            log="$OUT/$rev.log" && [ "$rounds" -gt 1 ] && log="$OUT/$rev.r$round.log"
+            (cd "$dir" && PYTHONPATH="/tmp/site:$PWD" bash -c "$2") > "$log" 2>&1
+            rc=$?
+            [ $rc -eq 0 ] || status=1
+            echo "== $rev (rc $rc)$([ "$rounds" -gt 1 ] && echo ", round $round")"
+            tail -n "${TAIL:-12}" "$log"
+        done
     done
     exit $status
     ;;
