@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """What ptxas makes of the decode kernels for the H200 (sm_90), on a machine without a GPU.
 
-    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--long] [--dump DIR]
+    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...] [--long]
+                                   [--dump DIR]
 
-For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG[1]) it compiles the one-pair ds4::MoE
-kernels of the q2 and q4 mixes and the Q8_0 T = 1 kernel at Flash widths, attention's join (_attend_join) and the
-two hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
-LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and prints registers per thread, spills, shared memory, the
-instruction count of the whole kernel and of its longest loop body (one step: e.g. one 256-value block of every row
-the program serves) and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
-writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR. Counts
-are static (the loops are not multiplied out); compare variants of one kernel.
+For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG) it compiles the one-pair ds4::MoE
+kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
+attention's join (_attend_join) and the two hyper-connection kernels of hc_pre_triton (--long: also the prefill
+chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and prints registers per thread,
+spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g. one
+256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
+barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
+registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -36,7 +37,9 @@ def shape(text: str) -> tuple:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
-    ap.add_argument("--q8", nargs="*", type=shape, default=None, help="Q8_0 T=1 shapes rows:warps")
+    ap.add_argument("--q8", nargs="*", type=shape, default=None,
+                    help="Q8_0 shapes rows:warps[:min programs] (default: ROWS_CONFIG's at each --q8-t)")
+    ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
@@ -75,10 +78,12 @@ def main() -> int:
                 report(f"moe_down_multi_t{down}_{cap}x{br}x{warps}",
                        W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
-    for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[1]]:   # the default: q8_matmul's split at T = 1
-        for n, k in ((32768, 1024), (2048, 4096)):            # attn_q_b (no split), ffn_gate_shexp (split K)
-            _, steps, splits = Q.row_launch(n, k, br, *min_programs)
-            report(f"q8_{n}x{k}_{br}x{warps}_split{splits}", W.q8_rows(k, br, warps, steps // splits, splits, 1, N=n))
+    for T in args.q8_t:
+        for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[T]]:   # the default: q8_matmul's launch
+            for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)
+                _, steps, splits = Q.row_launch(n, k, br, *min_programs)
+                report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}",
+                       W.q8_rows(k, br, warps, steps // splits, splits, T, N=n))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
     report("hc_dots", W.hc_dots(4, D))
