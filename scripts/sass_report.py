@@ -6,12 +6,13 @@
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
-attention's join (_attend_join) and the two hyper-connection kernels of hc_pre_triton (--long: also the prefill
-chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and prints registers per thread,
-spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g. one
-256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
-barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
-registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
+attention's join (_attend_join), the indexer's scores and the two hyper-connection kernels of hc_pre_triton
+(--long: also the prefill chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and
+prints registers per thread, spills, shared memory, the instruction count of the whole kernel and of its longest
+loop body (one step: e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS
+(FFMA, global / shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims
+go to lanes, warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare
+variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -86,6 +87,7 @@ def main() -> int:
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
+    report("index_score_1025", W.index_score(1025))  # the indexer's scores of a decode step, 4096-token cache
     report("hc_dots", W.hc_dots(4, D))
     report("hc_combine", W.hc_combine(4, D))
     cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES
