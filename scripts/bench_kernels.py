@@ -28,8 +28,8 @@ zeros; the kernels' time does not depend on the values):
       not) and T = 5, for the ratio-128 and ratio-4 KV compressors and the ratio-4 indexer's, and the PyTorch
       emit_rows it replaces (uncompiled PyTorch ops in the same CUDA graph; compiled they are several kernels);
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
-     of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages) and of the
-     attention's keys per program, while the time budget lasts.
+     of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages), of the
+     attention's keys per program and of the top-k kernel's warps, while the time budget lasts.
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -114,6 +114,7 @@ HC_LONG_SWEEP = ((128, 64, 8, 8), (64, 32, 8, 4), (64, 64, 16, 4), (64, 64, 4, 4
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
+TOPK_WARPS = (1, 2, 4, 8, 16)    # top_rows_triton's sweep (the default: 8 from 2048 scores on, else 4)
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
@@ -436,9 +437,10 @@ def bench_hc_long(bw: float, results: list, sweeps: list | None) -> None:
                      return_mode="median"), bw, kind="sweep_hc_long", tensor="hc_pre_long", config=list(cfg))))
 
 
-def bench_topk(bw: float, results: list) -> None:
+def bench_topk(bw: float, results: list, sweeps: list | None) -> None:
     """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
-    the stable torch.sort + slice of model/attention.py top_rows on the same scores."""
+    the stable torch.sort + slice of model/attention.py top_rows on the same scores; the sweep: T = 1 at
+    TOPK_WARPS warps per program."""
     gen = torch.Generator(device=DEV).manual_seed(6)
     k = 512
     for N in TOPK_ROWS:
@@ -450,6 +452,11 @@ def bench_topk(bw: float, results: list) -> None:
                               (f"torch.sort {N} rows", lambda score=score: top_rows(score, k))):
                 guarded(f"{label} T={T}", results, lambda fn=fn, T=T, nb=nbytes, label=label, N=N:
                         results.append(case(label, T, nb, time_graph(fn, 1), bw, kind="topk", rows=N)))
+            if sweeps is not None and T == 1:
+                for warps in TOPK_WARPS:
+                    sweeps.append(lambda score=score, warps=warps, nb=nbytes, N=N: results.append(case(
+                        f"  sweep warps={warps}", 1, nb, time_graph(lambda: TK.top_rows_triton(score, k, warps), 1),
+                        bw, kind="sweep_topk", rows=N, warps=warps)))
 
 
 def bench_compress(bw: float, results: list) -> None:
@@ -528,7 +535,7 @@ def main() -> int:
     if "hc_long" in cases:
         bench_hc_long(bw, results, sweeps)
     if "topk" in cases:
-        bench_topk(bw, results)
+        bench_topk(bw, results, sweeps)
     if "compress" in cases:
         bench_compress(bw, results)
     if "q4" in cases:

@@ -104,8 +104,8 @@ def x_parts(K: int, G: int):
                                      num_warps=q8_triton.PARTS_WARPS, grid=(1,))
 
 
-def top_rows(N: int, k: int = 512):
-    return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=8, **LAUNCH)
+def top_rows(N: int, k: int = 512, warps: int = 8):
+    return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=warps, **LAUNCH)
 
 
 def route_rows(E: int = 256, k: int = 6):

@@ -51,14 +51,16 @@ def _top_rows(s_ptr, out_ptr, N, K: tl.constexpr, NP: tl.constexpr, PDL: tl.cons
     tl.store(out_ptr + t * K + slot, col.to(tl.int64), mask=take)
 
 
-def top_rows_triton(score: torch.Tensor, k: int) -> torch.Tensor:
-    """model/attention.py top_rows for float32 score [T, N] (T <= MAX_T, k <= N <= MAX_N) -> [T, k] int64."""
+def top_rows_triton(score: torch.Tensor, k: int, warps: int | None = None) -> torch.Tensor:
+    """model/attention.py top_rows for float32 score [T, N] (T <= MAX_T, k <= N <= MAX_N) -> [T, k] int64.
+    warps: the program's warps, overriding the default (sweeps; each of the 32 rounds ends in a reduction over
+    the row, across warps when there are several)."""
     T, N = score.shape
     if not 1 <= T <= MAX_T or not 1 <= k <= N <= MAX_N or score.dtype != torch.float32:
         raise ValueError(f"top_rows_triton: expected float32 score [1..{MAX_T}, N] and 1 <= k <= N <= {MAX_N}, got "
                          f"{score.dtype} {list(score.shape)}, k {k}")
     out = torch.empty(T, k, dtype=torch.int64, device=score.device)
     NP = triton.next_power_of_2(N)
-    _top_rows[(T,)](score.contiguous(), out, N, K=k, NP=NP, num_warps=8 if NP >= 2048 else 4,
+    _top_rows[(T,)](score.contiguous(), out, N, K=k, NP=NP, num_warps=warps or (8 if NP >= 2048 else 4),
                     **pdl_launch(score.device))
     return out
