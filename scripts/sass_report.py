@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """What ptxas makes of the decode kernels for the H200 (sm_90), on a machine without a GPU.
 
-    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...] [--long]
-                                   [--dump DIR]
+    python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
+                                   [--topk-warps W ...] [--long] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
-attention's join (_attend_join), the indexer's scores and the two hyper-connection kernels of hc_pre_triton
-(--long: also the prefill chunks' multi-pair MoE kernels, at LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and
-prints registers per thread, spills, shared memory, the instruction count of the whole kernel and of its longest
-loop body (one step: e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS
-(FFMA, global / shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims
-go to lanes, warps and registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare
-variants of one kernel.
+attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
+hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
+LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and prints registers per thread, spills, shared memory, the
+instruction count of the whole kernel and of its longest loop body (one step: e.g. one 256-value block of every row
+the program serves) and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
+writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR. Counts
+are static (the loops are not multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--q8", nargs="*", type=shape, default=None,
                     help="Q8_0 shapes rows:warps[:min programs] (default: ROWS_CONFIG's at each --q8-t)")
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
+    ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
@@ -51,8 +52,8 @@ def main() -> int:
 
     rows = []
 
-    def report(label: str, k) -> None:
-        st = sm90.sass_stats(k)
+    def report(label: str, k, math: bool = True) -> None:
+        st = sm90.sass_stats(k, math)
         rows.append((label, st))
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
@@ -88,6 +89,9 @@ def main() -> int:
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
     report("index_score_1025", W.index_score(1025))  # the indexer's scores of a decode step, 4096-token cache
+    for n in (1025, 16384):                            # its top-k: that step, and the most scores it takes
+        for warps in args.topk_warps:
+            report(f"top_rows_{n}_{warps}w", W.top_rows(n, warps=warps), math=False)
     report("hc_dots", W.hc_dots(4, D))
     report("hc_combine", W.hc_combine(4, D))
     cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES

@@ -100,11 +100,12 @@ def loop_instructions(code: str) -> int:
     return longest
 
 
-def sass_stats(kernel) -> dict:
+def sass_stats(kernel, math: bool = True) -> dict:
     """Registers per thread, spills (STL + LDL), shared memory bytes, instruction count, the longest loop's
-    instruction count (loop_instructions) and OPCODES counts."""
+    instruction count (loop_instructions) and OPCODES counts. math: the kernel must hold FFMA or MMA instructions
+    (False for integer-only kernels such as the top-k search)."""
     code = _cuobjdump(kernel, "-res-usage", "-sass")                    # the resource line, then the SASS
-    if "FFMA" not in code and "MMA" not in code:
+    if math and "FFMA" not in code and "MMA" not in code:
         raise RuntimeError(f"sm90.sass_stats: no FFMA/MMA in the disassembly of {kernel.metadata.name}")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", code, re.M)
     regs = re.search(r"REG:(\d+)", code)
