@@ -18,11 +18,40 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.model.numerics import FP4_MAX
 from ds4trt.plugins.kernels.moe_triton import _rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 ROWS = 32          # rows per program
 WARPS = 4
+FP4_Q = tl.constexpr(FP4_MAX)
+
+
+@triton.jit
+def _pow2_scale(amax, QMAX: tl.constexpr):
+    """The biased exponent e of 2^ceil(log2(amax / QMAX)) (model/numerics.py _pow2_ceil_log2; amax / QMAX normal:
+    IEEE division, then the exponent bits, one more when the mantissa is not zero)."""
+    bits = tl.math.div_rn(amax, QMAX).to(tl.int32, bitcast=True)
+    return ((bits >> 23) & 255) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+
+
+@triton.jit
+def _round_fp4(x, min_amax, BR: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, BLOCK: tl.constexpr):
+    """model/numerics.py indexer_qat of the rows x [BR, N] (N a power of two): the Hadamard butterflies scaled by
+    N^-1/2, then the FP4 E2M1 round trip in blocks of BLOCK (amax at least min_amax) -> [BR, N]. Also the
+    indexer compressor's rows (rows_triton)."""
+    for s in tl.static_range(LOG2N):
+        # stage h = 2^s: in each group of 2h values, a = the first h, b = the next h -> (a + b, a - b)
+        y = tl.permute(tl.reshape(x, (BR, N // (2 << s), 2, 1 << s)), (0, 1, 3, 2))     # [BR, N/2h, h, 2]
+        a, b = tl.split(y)
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (BR, N))
+    x = tl.reshape(x * (N ** -0.5), (BR, N // BLOCK, BLOCK))
+    e = _pow2_scale(tl.maximum(tl.max(tl.abs(x), axis=2), min_amax), FP4_Q)                # [BR, N/BLOCK]
+    scale = (e << 23).to(tl.float32, bitcast=True)[:, :, None]
+    y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True)[:, :, None], -FP4_Q), FP4_Q)
+    a = tl.abs(y)
+    q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
+    return tl.reshape(tl.where(y < 0, -q, q) * scale, (BR, N))
 
 
 @triton.jit
@@ -33,22 +62,8 @@ def _indexer_qat(x_ptr, out_ptr, R, min_amax, N: tl.constexpr, LOG2N: tl.constex
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     off = rows.to(tl.int64)[:, None] * N + tl.arange(0, N)[None, :]
     rm = (rows < R)[:, None]
-    x = tl.load(x_ptr + off, mask=rm, other=0.0)                                        # [BR, N]
-    for s in tl.static_range(LOG2N):
-        # stage h = 2^s: in each group of 2h values, a = the first h, b = the next h -> (a + b, a - b)
-        y = tl.permute(tl.reshape(x, (BR, N // (2 << s), 2, 1 << s)), (0, 1, 3, 2))     # [BR, N/2h, h, 2]
-        a, b = tl.split(y)
-        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (BR, N))
-    x = tl.reshape(x * (N ** -0.5), (BR, N // BLOCK, BLOCK))
-    amax = tl.maximum(tl.max(tl.abs(x), axis=2), min_amax)                             # [BR, N/BLOCK]
-    bits = tl.math.div_rn(amax, 6.0).to(tl.int32, bitcast=True)       # IEEE division; amax / 6 >= 2^-126
-    e = ((bits >> 23) & 255) + ((bits & 0x7FFFFF) != 0).to(tl.int32)   # biased exponent of 2^ceil(log2(amax / 6))
-    scale = (e << 23).to(tl.float32, bitcast=True)[:, :, None]
-    y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True)[:, :, None], -6.0), 6.0)
-    a = tl.abs(y)
-    q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
-    q = tl.where(y < 0, -q, q) * scale
-    tl.store(out_ptr + off, tl.reshape(q, (BR, N)), mask=rm)
+    q = _round_fp4(tl.load(x_ptr + off, mask=rm, other=0.0), min_amax, BR, N, LOG2N, BLOCK)   # [BR, N]
+    tl.store(out_ptr + off, q, mask=rm)
 
 
 def indexer_qat_triton(x: torch.Tensor, block: int, min_amax: float) -> torch.Tensor:

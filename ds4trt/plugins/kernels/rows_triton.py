@@ -32,24 +32,18 @@ import triton
 import triton.language as tl
 
 from ds4trt.model.attention import POSTS
-from ds4trt.model.numerics import FP4_BLOCK, FP4_MAX, FP4_MIN_AMAX, FP8_BLOCK, FP8_MAX, FP8_MIN_AMAX
+from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, FP8_BLOCK, FP8_MAX, FP8_MIN_AMAX
 from ds4trt.model.state import NEG
 from ds4trt.plugins.kernels.moe_triton import _rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+from ds4trt.plugins.kernels.qat_triton import _pow2_scale, _round_fp4
 
 MAX_T = 16         # the steps these kernels serve (prefill chunks keep the PyTorch versions)
 TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c); larger tiles spill
 WARPS = 8          # compress_emit's warps (sm_90 SASS at TILE: 64-108 registers per thread)
 NEG_SCORE = tl.constexpr(NEG)
 FP8_B, FP8_Q, FP8_MIN = tl.constexpr(FP8_BLOCK), tl.constexpr(FP8_MAX), tl.constexpr(FP8_MIN_AMAX)
-FP4_Q, FP4_MIN = tl.constexpr(FP4_MAX), tl.constexpr(FP4_MIN_AMAX)
-
-
-@triton.jit
-def _pow2_scale(amax, QMAX: tl.constexpr):
-    """The biased exponent e of 2^ceil(log2(amax / QMAX)) (model/numerics.py _pow2_ceil_log2; amax / QMAX normal)."""
-    bits = tl.math.div_rn(amax, QMAX).to(tl.int32, bitcast=True)
-    return ((bits >> 23) & 255) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+FP4_MIN = tl.constexpr(FP4_MIN_AMAX)
 
 
 @triton.jit
@@ -67,23 +61,6 @@ def _round_fp8(x, NOPE: tl.constexpr, C: tl.constexpr, NB: tl.constexpr):
     q = _rint(a * ((130 - ea) << 23).to(tl.float32, bitcast=True)) * ((124 + ea) << 23).to(tl.float32, bitcast=True)
     q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
     return tl.where(d < NOPE, q, x)
-
-
-@triton.jit
-def _round_fp4(x, C: tl.constexpr, LOG2C: tl.constexpr, BLOCK: tl.constexpr):
-    """model/numerics.py indexer_qat of x [C] (qat_triton's operations on one row)."""
-    x = tl.reshape(x, (1, C))
-    for s in tl.static_range(LOG2C):
-        y = tl.permute(tl.reshape(x, (1, C // (2 << s), 2, 1 << s)), (0, 1, 3, 2))
-        a, b = tl.split(y)
-        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (1, C))
-    x = tl.reshape(x * (C ** -0.5), (C // BLOCK, BLOCK))
-    e = _pow2_scale(tl.maximum(tl.max(tl.abs(x), axis=1), FP4_MIN), FP4_Q)[:, None]
-    y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True), -FP4_Q), FP4_Q)
-    a = tl.abs(y)
-    q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
-    q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
-    return tl.reshape(q, (C,))
 
 
 @triton.jit
@@ -184,7 +161,7 @@ def _compress_emit(kv_ptr, sc_ptr, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_p
         if POST == 1:
             x = _round_fp8(x, NOPE, C, NB)
         if POST == 2:
-            x = _round_fp4(x, C, LOG2C, FP4B)
+            x = tl.reshape(_round_fp4(tl.reshape(x, (1, C)), FP4_MIN, 1, C, LOG2C, FP4B), (C,))
         tl.store(out_ptr + t * C + d, x)
     else:
         tl.store(out_ptr + t * C + d, tl.zeros([C], tl.float32))
