@@ -62,8 +62,8 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch version of the streams' update (a
-                             # compiled step fuses it into its glue);
-                             # longer ones (prefill chunks) run the single-pass kernel (hc_post_triton)
+                             # compiled step fuses it into its glue); longer ones (prefill chunks) run the
+                             # single-pass kernel (hc_post_triton)
 # Prefill chunk of this backend's sessions: a long MoE call costs less per token up to 2048 tokens (an expert's
 # blocks serve more tokens per read), attention grows with the chunk; on the H200 at Flash width (43 layers;
 # BENCHMARKS.md, 14767a2, with the prefill attention kernel) chunks of 1024 / 2048 prefilled a 2048-token prompt at
