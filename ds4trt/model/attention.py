@@ -203,7 +203,8 @@ class Attention(nn.Module):
         u = rms_norm(y, self.norm, cfg.rms_eps)
         qa, kva, *uc = self.group(u, *self.u_projections)       # uc: the compressors' (and indexer's) products
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
-        cos, sin = rope_cos_sin(self.freq, pos)
+        # [T, n_rot/2] in the activations' type (apply_rope_tail's), made once for every rotation of the step
+        cos, sin = (c.to(y.dtype) for c in rope_cos_sin(self.freq, pos))
         q = self.head_norm_rope(self.q_b(qn).reshape(T, H, d), cos, sin, cfg.rms_eps)   # [T, H, d]
         kv = self.kv_row(kva, self.kv_norm, cos, sin, cfg.rms_eps, "fp8" if self.ds4 else "none", cfg.n_nope)  # [T, d]
         rows = LayerRows(raw=kv)
@@ -236,7 +237,7 @@ class Attention(nn.Module):
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
                 index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
-                top = self._indexer_top(uc[4], qn, pos, cache.index, index_new, comp_vis)      # [T, k]
+                top = self._indexer_top(uc[4], qn, cos, sin, cache.index, index_new, comp_vis)      # [T, k]
                 if T <= GATHER_T and top.shape[1] < comp.shape[0]:
                     # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
                     # context): row t sees block t of the gathered rows, where they are visible (the attention
@@ -281,15 +282,14 @@ class Attention(nn.Module):
         """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
         return self.attend(q, k, mask, self.sinks)
 
-    def _indexer_top(self, proj, qn, pos, old_index, new_index, visible) -> torch.Tensor:
+    def _indexer_top(self, proj, qn, cos, sin, old_index, new_index, visible) -> torch.Tensor:
         """[T, k] the compressed rows the indexer keeps for each query row, k = min(top-k, Kc+T): the top-k rows by
         score among the visible ones (when fewer are visible, the rest of the k are invisible rows, which the
         caller masks). Ties keep the lower row index. proj: [T, nh] = index_proj(u), the per-head weights before
-        scaling; visible: [T, Kc+T] bool."""
+        scaling; cos, sin: [T, n_rot/2] the queries' RoPE; visible: [T, Kc+T] bool."""
         cfg = self.cfg
         T, nh, di = qn.shape[0], cfg.index_n_head, cfg.index_head_dim
         qi = self.index_q_b(qn).reshape(T, nh, di)
-        cos, sin = rope_cos_sin(self.freq, pos)
         qi = self.qat(apply_rope_tail(qi, cos[:, None], sin[:, None]))
         wi = proj / (di * nh) ** 0.5                                # [T, nh]
         keys = torch.cat([old_index, new_index], dim=0)             # [Kc+T, di]
