@@ -335,10 +335,12 @@ def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None
         for T in (1, 2, 4):
             q = torch.randn(T, H, d, device=DEV, generator=gen)
             mask = torch.rand(T, K, device=DEV, generator=gen) < 0.9
+            ang = torch.rand(T, 32, device=DEV, generator=gen) * 100
+            cos, sin = torch.cos(ang), torch.sin(ang)
 
-            def fn(q=q, mask=mask, ks=ks, config=None):
+            def fn(q=q, mask=mask, ks=ks, cos=cos, sin=sin, config=None):
                 for k in ks:
-                    A.attend_triton(q, k, mask, sinks, config=config)
+                    A.attend_triton(q, k, mask, sinks, cos, sin, config=config)
             nbytes = kbytes + T * K + 2 * q.numel() * 4
             label = f"attend {K} keys"
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, K=K:

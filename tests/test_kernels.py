@@ -424,10 +424,10 @@ ATTEND_SHAPES = [(64, 512, 194), (4, 64, 37)] if GPU else [(16, 512, 40), (4, 64
 
 @pytest.mark.parametrize("shape", ATTEND_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attend_vs_float64(shape):
-    """The attention kernel against model/attention.py attend in float64: fresh random queries, keys, sinks and
-    masks (about a third of the keys visible, a whole split of 32 keys masked for one row, one row seeing a
-    single key)."""
-    from ds4trt.model.attention import attend
+    """The attention kernel against model/attention.py attend_unrotate in float64: fresh random queries, keys,
+    sinks and masks (about a third of the keys visible, a whole split of 32 keys masked for one row, one row seeing a
+    single key), the output's tail (the last n_rot = d/8 dims) rotated back by random angles."""
+    from ds4trt.model.attention import attend_unrotate
 
     H, d, K = shape
     g = torch.Generator().manual_seed(_seed("attend", *shape))
@@ -438,10 +438,13 @@ def test_attend_vs_float64(shape):
         mask[0, :32] = False
         mask[-1] = False
         mask[-1, K // 2] = True
-        want = attend(q.double(), k.double(), mask, sinks.double())
+        ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
+        cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+        want = attend_unrotate(q.double(), k.double(), mask, sinks.double(), cos.double(), sin.double())
         # the default (for these few keys: SMALL_CONFIG), the one of longer calls, other chunks of keys per program
         for config in (None, attn_triton.CONFIG, (32, 1, 8), (32, 3, 8), (16, 2, 4)):
-            got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), config)
+            got = attn_triton.attend_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE),
+                                            cos.to(DEVICE), sin.to(DEVICE), config)
             assert got.shape == want.shape
             assert _rel(got, want) <= TOL, f"T = {T}, config {config}: relative error {_rel(got, want):.2e}"
 

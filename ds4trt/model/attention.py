@@ -44,6 +44,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Te
     return torch.einsum("thk,kd->thd", p, k)                    # V = K
 
 
+def attend_unrotate(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    """attend, then each head's tail rotated back by its query row's RoPE (cos, sin [t, n_rot/2]) -> [t, H, d]"""
+    return apply_rope_tail(attend(q, k, mask, sinks), cos[:, None], sin[:, None], inverse=True)
+
+
 def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
     """The queries' per-head RMS norm (no weight), then RoPE on each head's tail. x: [T, H, d]; cos, sin:
     [T, n_rot/2] -> [T, H, d]"""
@@ -185,9 +191,9 @@ class Attention(nn.Module):
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
-        # a backend may set kernels with the signatures of attend, index_score, top_rows, head_norm_rope, kv_row
-        # and project_group (fewer launches for u_projections)
-        self.attend = attend
+        # a backend may set kernels with the signatures of attend_unrotate, index_score, top_rows, head_norm_rope,
+        # kv_row and project_group (fewer launches for u_projections)
+        self.attend = attend_unrotate
         self.index_score = index_score
         self.top_rows = top_rows
         self.head_norm_rope = head_norm_rope
@@ -254,7 +260,7 @@ class Attention(nn.Module):
             masks.append(comp_vis)
 
         if T <= QUERY_BLOCK:
-            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1))   # keys [K = W-1+T (+ Kc+T or T*k), d]
+            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), cos, sin)   # keys [K = W-1+T (+ Kc+T or T*k), d]
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
             # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the
@@ -265,9 +271,8 @@ class Attention(nn.Module):
                 spans = [(a, b + W - 1)] + [(0, g.shape[0]) for g in keys[1:]]
                 kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
                 mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
-                blocks.append(self._attend(q[a:b], kb, mb))
+                blocks.append(self._attend(q[a:b], kb, mb, cos[a:b], sin[a:b]))
             o = torch.cat(blocks)                                   # [T, H, d]
-        o = apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 
     def _emitting(self, start: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -278,9 +283,10 @@ class Attention(nn.Module):
         new = torch.remainder(R - 1 - start, R) + R * torch.arange(T // R + 1, device=start.device)
         return torch.clamp(new, max=T - 1), new < T
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q: [t, H, d], k: [K, d], mask: [t, K] -> [t, H, d]"""
-        return self.attend(q, k, mask, self.sinks)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+        """q: [t, H, d], k: [K, d], mask: [t, K], cos, sin: [t, n_rot/2] -> [t, H, d], the tails rotated back"""
+        return self.attend(q, k, mask, self.sinks, cos, sin)
 
     def _indexer_top(self, proj, qn, cos, sin, old_index, new_index, visible) -> torch.Tensor:
         """[T, k] the compressed rows the indexer keeps for each query row, k = min(top-k, Kc+T): the top-k rows by

@@ -146,10 +146,10 @@ def attend_part(K: int, ks: int, ch: int, warps: int, H: int = 64, D: int = 512)
                                            NS=-(-K // (ks * ch)), num_warps=warps, **LAUNCH)
 
 
-def attend_join(K: int, ks: int, ch: int, H: int = 64, D: int = 512):
+def attend_join(K: int, ks: int, ch: int, H: int = 64, D: int = 512, NR: int = 64):
     ns = -(-K // (ks * ch))
-    return attn_triton._attend_join.warmup(F32, F32, F32, F32, F32, H=H, D=D, NS=ns, NSP=1 << (ns - 1).bit_length(),
-                                           DB=attn_triton.DB, num_warps=4, **LAUNCH)
+    return attn_triton._attend_join.warmup(F32, F32, F32, F32, F32, F32, F32, H=H, D=D, NR=NR, NS=ns,
+                                           NSP=1 << (ns - 1).bit_length(), DB=attn_triton.DB, num_warps=4, **LAUNCH)
 
 
 def attend_long(config: tuple[int, ...], H: int = 64, D: int = 512):

@@ -1,15 +1,16 @@
 """Attention of a decode or verify step in Triton (model/attention.py attend): per query row and head, softmax over
 the visible keys and the head's sink logit, then the weighted sum of the keys (V = K).
 
-    attend_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32) -> o [T, H, d]
-        T <= MAX_T (the compiled step's attention was 4-5 launches, ~15 us per layer at Flash width).
+    attend_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32, cos, sin [T, n_rot/2]) -> o [T, H, d]
+        model/attention.py attend_unrotate (the attention, then each head's tail rotated back), T <= MAX_T (the
+        compiled step's attention was 4-5 launches, ~15 us per layer at Flash width, and the rotation one more).
 
 Split over the keys (flash-decoding), two launches:
   _attend_part: program (t, h, s) scores the keys s*CH*KS.. for query row t and head h, CH chunks of KS (float32
       FMA: a dot of d values per key, in registers), and stores their maximum, sum of exponentials and weighted
       key sum;
   _attend_join: program (t, h, d-block) joins the splits with the sink: M = max(sink, maxima),
-      o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s).
+      o = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s), and rotates the tail of o back.
 A split whose keys are all masked stores m = -inf, l = 0, acc = 0 and adds nothing; a chunk of keys whose mask
 bytes are all zero for the row is skipped (its keys are not loaded), so rows that see few of the keys (a verify step's
 gathered top-k blocks, each row seeing its own) cost less than rows that see them all. CONFIG = (KS, CH, warps) = (8, 4,
@@ -93,12 +94,14 @@ def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.const
 
 
 @triton.jit
-def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr, NS: tl.constexpr,
-                 NSP: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
+def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr,
+                 NR: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, h, b): output dims b*DB .. b*DB+DB-1 of query row t, head h, as DB/2 pairs (2i, 2i+1); the pairs
+    of the last NR dims rotated back by the row's RoPE (apply_rope_tail's inverse; the others by angle 0)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    c = tl.program_id(2) * DB + tl.arange(0, DB)
+    ce = tl.program_id(2) * DB + 2 * tl.arange(0, DB // 2)          # [DB/2] the pairs' first dims
     j = tl.arange(0, NSP)
     jm = j < NS
     base = (t * H + h) * NS
@@ -107,23 +110,34 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, o_ptr, H: tl.constexpr, D: tl.co
     sink = tl.load(s_ptr + h)
     top = tl.maximum(tl.max(m, axis=0), sink)
     w = tl.exp(m - top)                                              # -inf maxima (masked splits): 0
-    acc = tl.load(pa_ptr + (base + j).to(tl.int64)[:, None] * D + c[None, :], mask=jm[:, None] & (c < D)[None, :],
-                  other=0.0)                                                                    # [NSP, DB]
     total = tl.exp(sink - top) + tl.sum(l * w, axis=0)
-    tl.store(o_ptr + (t * H + h) * D + c, tl.sum(acc * w[:, None], axis=0) / total, mask=c < D)
+    rows = (base + j).to(tl.int64)[:, None] * D
+    am = jm[:, None] & (ce < D)[None, :]
+    x0 = tl.sum(tl.load(pa_ptr + rows + ce[None, :], mask=am, other=0.0) * w[:, None], axis=0) / total      # [DB/2]
+    x1 = tl.sum(tl.load(pa_ptr + rows + ce[None, :] + 1, mask=am, other=0.0) * w[:, None], axis=0) / total
+    p = (ce - (D - NR)) // 2                                         # pair index in the rotated tail
+    pm = (ce >= D - NR) & (ce < D)
+    cs = tl.load(cos_ptr + t * (NR // 2) + p, mask=pm, other=1.0)
+    sn = tl.load(sin_ptr + t * (NR // 2) + p, mask=pm, other=0.0)
+    out = o_ptr + (t * H + h) * D + ce
+    tl.store(out, x0 * cs + x1 * sn, mask=ce < D)
+    tl.store(out + 1, x1 * cs - x0 * sn, mask=ce < D)
 
 
-def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
-                  config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """model/attention.py attend for float32 q [T, H, d] (T <= MAX_T), keys k [K, d], mask bool [T, K].
-    config: (keys per chunk, chunks per program, warps) of _attend_part, overriding CONFIG (sweeps)."""
+def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """model/attention.py attend_unrotate for float32 q [T, H, d] (T <= MAX_T, d even), keys k [K, d], mask bool
+    [T, K], cos, sin [T, n_rot/2] (used as float32). config: (keys per chunk, chunks per program, warps) of
+    _attend_part, overriding CONFIG (sweeps)."""
     T, H, D = q.shape
-    K = k.shape[0]
+    K, nr = k.shape[0], 2 * cos.shape[-1]
     if not 1 <= T <= MAX_T or q.dtype != torch.float32 or k.dtype != torch.float32 or k.shape != (K, D) \
-            or mask.shape != (T, K) or mask.dtype != torch.bool or sinks.shape != (H,):
-        raise ValueError(f"attend_triton: expected float32 q [1..{MAX_T}, H, d], k [K, d], bool mask [T, K] and "
-                         f"sinks [H], got q {q.dtype} {list(q.shape)}, k {k.dtype} {list(k.shape)}, "
-                         f"mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
+            or mask.shape != (T, K) or mask.dtype != torch.bool or sinks.shape != (H,) or D % 2 \
+            or cos.shape != (T, nr // 2) or sin.shape != cos.shape or not 0 < nr <= D:
+        raise ValueError(f"attend_triton: expected float32 q [1..{MAX_T}, H, d] (d even), k [K, d], bool mask [T, K], "
+                         f"sinks [H] and cos, sin [T, n_rot/2] (n_rot <= d), got q {q.dtype} {list(q.shape)}, k "
+                         f"{k.dtype} {list(k.shape)}, mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}, "
+                         f"cos {list(cos.shape)}, sin {list(sin.shape)}")
     q, k = q.contiguous(), k.contiguous()
     m = mask.contiguous().view(torch.uint8)
     ks, ch, warps = config or (SMALL_CONFIG if K <= SMALL_KEYS else CONFIG)
@@ -137,8 +151,10 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
                              NS=NS, num_warps=warps, **pdl)
     o = torch.empty_like(q)
     db = min(DB, DP)
-    _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(), o, H=H, D=D, NS=NS,
-                                             NSP=triton.next_power_of_2(NS), DB=db, num_warps=4, **pdl)
+    _attend_join[(T, H, triton.cdiv(D, db))](part_m, part_l, part_acc, sinks.float().contiguous(),
+                                             cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(),
+                                             o, H=H, D=D, NR=nr, NS=NS, NSP=triton.next_power_of_2(NS), DB=db,
+                                             num_warps=4, **pdl)
     return o
 
 

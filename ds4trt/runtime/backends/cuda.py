@@ -11,9 +11,9 @@ Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at 
 tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one kernel from its blocks
 (q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention as two (attn_triton), the
-indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each (rows_triton); in
-every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
+two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
+two (attn_triton), the indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each
+(rows_triton); in every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
 PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update too (attend_long_triton,
 index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
@@ -46,6 +46,7 @@ from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
+from ds4trt.model.rope import apply_rope_tail
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
@@ -109,21 +110,23 @@ def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
 
 
 @torch.library.custom_op("ds4trt::attend", mutates_args=())
-def attend_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    return attn_triton.attend_triton(q, k, mask, sinks)
+def attend_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
+    return attn_triton.attend_triton(q, k, mask, sinks, cos, sin)
 
 
 @attend_op.register_fake
-def _(q, k, mask, sinks):
+def _(q, k, mask, sinks, cos, sin):
     return torch.empty_like(q)
 
 
-def attend_kernel(q, k, mask, sinks):
-    """model/attention.py attend on this backend: one kernel for steps of up to attn_triton.MAX_T queries (split
-    over the keys), else the flash-attention kernel (prefill chunks)."""
+def attend_kernel(q, k, mask, sinks, cos, sin):
+    """model/attention.py attend_unrotate on this backend: two kernels for steps of up to attn_triton.MAX_T queries
+    (split over the keys, the rotation in the join), else the flash-attention kernel and PyTorch's rotation (prefill
+    chunks)."""
     if q.shape[0] <= attn_triton.MAX_T:
-        return attend_op(q, k, mask, sinks)
-    return attn_triton.attend_long_triton(q, k, mask, sinks)
+        return attend_op(q, k, mask, sinks, cos, sin)
+    return apply_rope_tail(attn_triton.attend_long_triton(q, k, mask, sinks), cos[:, None], sin[:, None], inverse=True)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
