@@ -96,12 +96,14 @@ def _attend_part(q_ptr, k_ptr, m_ptr, pm_ptr, pl_ptr, pa_ptr, scale, K: tl.const
 @triton.jit
 def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, H: tl.constexpr, D: tl.constexpr,
                  NR: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, h, b): output dims b*DB .. b*DB+DB-1 of query row t, head h, as DB/2 pairs (2i, 2i+1); the pairs
-    of the last NR dims rotated back by the row's RoPE (apply_rope_tail's inverse; the others by angle 0)."""
+    """Program (t, h, b): output dims b*DB .. b*DB+DB-1 of query row t, head h; the pairs (2i, 2i+1) of the last NR
+    dims rotated back by the row's RoPE (apply_rope_tail's inverse; the other pairs by angle 0). The partial sums
+    are read as contiguous rows and the pairs taken apart in registers (reading the even and the odd dims as two
+    strided loads made the join 4x slower in a verify step of 4 rows, BENCHMARKS.md)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    ce = tl.program_id(2) * DB + 2 * tl.arange(0, DB // 2)          # [DB/2] the pairs' first dims
+    c = tl.program_id(2) * DB + tl.arange(0, DB)
     j = tl.arange(0, NSP)
     jm = j < NS
     base = (t * H + h) * NS
@@ -110,18 +112,17 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, H: tl.c
     sink = tl.load(s_ptr + h)
     top = tl.maximum(tl.max(m, axis=0), sink)
     w = tl.exp(m - top)                                              # -inf maxima (masked splits): 0
+    acc = tl.load(pa_ptr + (base + j).to(tl.int64)[:, None] * D + c[None, :], mask=jm[:, None] & (c < D)[None, :],
+                  other=0.0)                                                                    # [NSP, DB]
     total = tl.exp(sink - top) + tl.sum(l * w, axis=0)
-    rows = (base + j).to(tl.int64)[:, None] * D
-    am = jm[:, None] & (ce < D)[None, :]
-    x0 = tl.sum(tl.load(pa_ptr + rows + ce[None, :], mask=am, other=0.0) * w[:, None], axis=0) / total      # [DB/2]
-    x1 = tl.sum(tl.load(pa_ptr + rows + ce[None, :] + 1, mask=am, other=0.0) * w[:, None], axis=0) / total
+    x0, x1 = tl.split(tl.reshape(tl.sum(acc * w[:, None], axis=0) / total, [DB // 2, 2]))      # [DB/2] each
+    ce = tl.program_id(2) * DB + 2 * tl.arange(0, DB // 2)          # the pairs' first dims
     p = (ce - (D - NR)) // 2                                         # pair index in the rotated tail
     pm = (ce >= D - NR) & (ce < D)
     cs = tl.load(cos_ptr + t * (NR // 2) + p, mask=pm, other=1.0)
     sn = tl.load(sin_ptr + t * (NR // 2) + p, mask=pm, other=0.0)
-    out = o_ptr + (t * H + h) * D + ce
-    tl.store(out, x0 * cs + x1 * sn, mask=ce < D)
-    tl.store(out + 1, x1 * cs - x0 * sn, mask=ce < D)
+    o = tl.reshape(tl.join(x0 * cs + x1 * sn, x1 * cs - x0 * sn), [DB])
+    tl.store(o_ptr + (t * H + h) * D + c, o, mask=c < D)
 
 
 def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
