@@ -260,7 +260,8 @@ class Attention(nn.Module):
             masks.append(comp_vis)
 
         if T <= QUERY_BLOCK:
-            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), cos, sin)   # keys [K = W-1+T (+ Kc+T or T*k), d]
+            # keys [K = W-1+T (+ Kc+T or T*k), d]
+            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), cos, sin)
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
             # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the

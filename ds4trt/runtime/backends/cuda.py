@@ -13,9 +13,9 @@ tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one k
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
 two (attn_triton), the indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each
-(rows_triton); in every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
-PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update too (attend_long_triton,
-index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
+(rows_triton); in every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries
+(qat_triton, bitwise PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
+too (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
