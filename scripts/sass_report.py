@@ -69,7 +69,7 @@ def main() -> int:
     for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
         for br, warps, pf in args.moe or [single(gate)]:
             report(f"moe_gateup_t{gate}_{br}x{warps}{'_pf' if pf else ''}",
-                   W.moe_gateup_single(gate, gate, D, F, br, warps, pf))
+                   W.moe_gateup_single(gate, gate, down, D, F, br, warps, pf))
         for br, warps, pf in args.moe or [single(down)]:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", W.moe_down_single(down, D, F, br, warps, pf))
     if args.long:

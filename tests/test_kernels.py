@@ -819,13 +819,13 @@ def test_every_variant_compiles_for_sm90():
                 (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
                 for (br, w, reg, pf), (dbr_, dw_, dreg_, dpf_) in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
                                                                ((16, 4, None, not gpf), (16, 4, None, not dpf))):
-                    ok(W.moe_gateup_single(gt, ut, D, F, br, w, pf, maxnreg=reg))
+                    ok(W.moe_gateup_single(gt, ut, dt, D, F, br, w, pf, maxnreg=reg))
                     ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
                 for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3), (16, 32, 4, True, 1),
                                                 *((*c[:3], True, c[3]) for c in M.LONG_CONFIGS.values())):
                     ok(W.moe_gateup_multi(gt, ut, D, F, cap, br, w, compact, st))
                     ok(W.moe_down_multi(dt, D, F, cap, br, w, compact, st))
-                ok(W.moe_gateup_single(gt, ut, D, F, gbr, gw, gpf, compact=True))
+                ok(W.moe_gateup_single(gt, ut, dt, D, F, gbr, gw, gpf, compact=True))
             ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
             for T, (br, w, _) in Q.ROWS_CONFIG.items():
@@ -858,7 +858,7 @@ def test_every_variant_compiles_for_sm90():
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
             for t in (16, 10, 12):
-                ok(W.moe_gateup_single(t, t, 4096, 2048, br, w, pf))
+                ok(W.moe_gateup_single(t, t, t, 4096, 2048, br, w, pf))
                 if t != 16:                           # the down kernels (Q2_K, Q4_K)
                     ok(W.moe_down_single(t, 4096, 2048, br, w, pf))
         for T, configs in Q8_SWEEP.items():
@@ -880,7 +880,7 @@ def test_every_variant_compiles_for_sm90():
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10), (16, 16)):
             (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-            assert spills(W.moe_gateup_single(gt, gt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
+            assert spills(W.moe_gateup_single(gt, gt, dt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
                 ("_moe_gateup_single spills", gt)
             assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
                 ("_moe_down_single spills", dt)

@@ -43,12 +43,12 @@ def split_runs():
     return M._split_runs.warmup(F32, F16, F16, F16, F16, F32, 4096, CB=M.SPLIT_CHUNKS, num_warps=4, **LAUNCH)
 
 
-def moe_gateup_single(gate: int, up: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
-                      maxnreg: int | None = None):
+def moe_gateup_single(gate: int, up: int, down: int, D: int, F: int, br: int, warps: int, prefetch: bool,
+                      compact: bool = False, maxnreg: int | None = None):
     return M._moe_gateup_single.warmup(
         F32, I64, F32, I32, I32, I32, U8, U8, F32, I16, U8, I32, I32, 6, F, _expert_bytes(gate, F, D),
         _expert_bytes(up, F, D), 10.0, M.ONE_BITS, NSB=D // 256, GT=gate, UT=up, BR=br, GPF=prefetch, UPF=prefetch,
-        COMPACT=compact, num_warps=warps, **LAUNCH, **_reg(maxnreg))
+        QD=down == M.Q2_K, COMPACT=compact, num_warps=warps, **LAUNCH, **_reg(maxnreg))
 
 
 def moe_down_single(down: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,

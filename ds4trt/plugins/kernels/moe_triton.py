@@ -658,6 +658,62 @@ def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: 
 
 
 @triton.jit
+def _quant_h(h_ptr, row0, hv, F: tl.constexpr, BR: tl.constexpr):
+    """Store rows row0.. of one pair's h (hv [BR], BR % 8 == 0) for _q2k_dp_rows, in the pair's row of h (F words):
+    _quant_runs's seven planes of F / 8 words, then each run's sum of h (float32, the Q2_K min term's)."""
+    x = tl.reshape(hv, (BR // 8, 8))
+    _quant_runs(h_ptr.to(tl.pointer_type(tl.int32)), F, row0 // 8, x, BR // 8)
+    tl.store(h_ptr + 7 * F // 8 + row0 // 8 + tl.arange(0, BR // 8), tl.sum(x, axis=1))
+
+
+@triton.jit
+def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.constexpr):
+    """[BR] float32: rows row0..row0+BR of the Q2_K expert at byte offset expert_off (a multiple of 4) dotted with one
+    pair's h as _quant_h stores it (hq_ptr: int32, the pair's row). The one-pair down loop on integer dot products,
+    like _iq2_dp (the float path, _fma_rows, spends ~6.6 instructions per value on sm_90: 423 per 64): the 2-bit
+    quants of a word at shift 2j are 4 values as bytes after one shift and one AND, times h's integers by one dp4a and
+    two dp2a, exact in int32 (|XQ_LO * sum(q h) + sum(q l)| <= 8 * 3 * (127 * 2048 + 1024) < 2^23, times the 4-bit
+    scale < 2^27); per run of 8 the sum becomes float once, times u; the min term is dmin * m * (the run's sum of h).
+    Tile [word pair (n, i), row], rows last (see _iq2_dot): qs words 2i, 2i+1 of half n hold at shift 2j values
+    128n + 32j + 8i .. +7 of the block, run 16n + 4j + i of the row's h, with scale byte 8n + 2j + (i >> 1)."""
+    K: tl.constexpr = NSB * 256
+    PS: tl.constexpr = K // 8                                   # _quant_runs's plane size (words)
+    p32 = (ptr + expert_off).to(tl.pointer_type(tl.int32))
+    hf = hq_ptr.to(tl.pointer_type(tl.float32))
+    q = tl.arange(0, 8)[:, None]
+    n = q >> 2
+    i = q & 3
+    blk = (row0 + tl.arange(0, BR))[None, :] * (NSB * 21)      # [1, BR]: each row's block 0 in words (84 B = 21)
+    acc = tl.zeros([8, BR], tl.float32)
+    for sb in range(0, NSB):
+        b = blk + sb * 21
+        wa = tl.load(p32 + b + (4 + 8 * n + 2 * i))              # qs bytes 32n + 8i .. +3
+        wb = tl.load(p32 + b + (5 + 8 * n + 2 * i))              # .. +4 .. +7
+        s_lo = tl.load(p32 + b + 2 * n)                          # scale bytes 8n .. 8n+3
+        s_hi = tl.load(p32 + b + (2 * n + 1))                    # 8n+4 .. 8n+7
+        dd = tl.load(p32 + b + 20)                               # f16 d | f16 dmin
+        ym = tl.zeros([8, BR], tl.float32)
+        yn = tl.zeros([8, BR], tl.float32)
+        for j in tl.static_range(4):
+            if j < 2:
+                sc = (s_lo >> (8 * (2 * j + (i >> 1)))) & 255
+            else:
+                sc = (s_hi >> (8 * (2 * j - 4 + (i >> 1)))) & 255
+            qa = (wa >> (2 * j)) & 0x03030303
+            qb = (wb >> (2 * j)) & 0x03030303
+            r = sb * 32 + 16 * n + 4 * j + i                         # [8, 1]: the run of h
+            ih = _dp4a(qb, tl.load(hq_ptr + PS + r), _dp4a(qa, tl.load(hq_ptr + r), 0))
+            il = _dp2a(tl.load(hq_ptr + 2 * PS + r), qa, 0, False)
+            il = _dp2a(tl.load(hq_ptr + 3 * PS + r), qa, il, True)
+            il = _dp2a(tl.load(hq_ptr + 4 * PS + r), qb, il, False)
+            il = _dp2a(tl.load(hq_ptr + 5 * PS + r), qb, il, True)
+            ym += tl.load(hf + 6 * PS + r) * ((ih * XQ_LO + il) * (sc & 15)).to(tl.float32)
+            yn += tl.load(hf + 7 * PS + r) * (sc >> 4).to(tl.float32)
+        acc += _f16_bits(dd) * ym - _f16_bits(dd >> 16) * yn
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
     """Per tile row j of a [BR * NS, L] run tile: (byte offset of its row's first block, run index c)."""
     j = tl.arange(0, BR * NS)
@@ -736,11 +792,12 @@ def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.con
 
 @triton.jit
 def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, gate_ptr, up_ptr, h_ptr, grid_ptr,
-                       ksigns_ptr, xq_ptr, dp_ptr, n_slots, F, gate_expert_bytes, up_expert_bytes, clamp, ONE,
-                       NSB: tl.constexpr, GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr, GPF: tl.constexpr,
-                       UPF: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
+                       ksigns_ptr, xq_ptr, dp_ptr, n_slots, F: tl.constexpr, gate_expert_bytes, up_expert_bytes, clamp,
+                       ONE, NSB: tl.constexpr, GT: tl.constexpr, UT: tl.constexpr, BR: tl.constexpr,
+                       GPF: tl.constexpr, UPF: tl.constexpr, QD: tl.constexpr, COMPACT: tl.constexpr,
+                       PDL: tl.constexpr):
     """Items of one pair: h[pair, rows] = weight * swiglu(gate_e v_t, up_e v_t): IQ2_XXS on the integers of
-    _quant_runs (xq), the other types by float32 FMA."""
+    _quant_runs (xq), the other types by float32 FMA. QD (a Q2_K down): h stored as _quant_h's integers."""
     pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
@@ -763,23 +820,30 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
                 u = _iq2_dp_rows(up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, UPF)
             else:
                 u = _fma_rows(up_ptr, e * up_expert_bytes, row0, x_ptr, grid_ptr, ksigns_ptr, ONE, UT, NSB, BR, UPF)
-        w = tl.load(wts_ptr + pair)
-        tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), w * _swiglu(g, u, clamp))
+        hv = tl.load(wts_ptr + pair) * _swiglu(g, u, clamp)
+        if QD:
+            _quant_h(h_ptr + pair.to(tl.int64) * F, row0, hv, F, BR)
+        else:
+            tl.store(h_ptr + pair.to(tl.int64) * F + row0 + tl.arange(0, BR), hv)
 
 
 @triton.jit
 def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
                      D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
                      DPF: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
-    """Items of one pair: y[pair, rows] = down_e h[pair], float32 FMA."""
+    """Items of one pair: y[pair, rows] = down_e h[pair]: Q2_K on the integers of _quant_h, the other types by
+    float32 FMA."""
     pdl_enter(PDL)
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
         e = tl.load(ids_ptr + pair).to(tl.int64)
         row0 = tl.program_id(1) * BR
-        y = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_ptr + pair.to(tl.int64) * (NSB * 256),
-                      grid_ptr, ksigns_ptr, ONE, DT, NSB, BR, DPF)
+        h_row = h_ptr + pair.to(tl.int64) * (NSB * 256)
+        if DT == 10:
+            y = _q2k_dp_rows(down_ptr, e * down_expert_bytes, row0, h_row.to(tl.pointer_type(tl.int32)), NSB, BR)
+        else:
+            y = _fma_rows(down_ptr, e * down_expert_bytes, row0, h_row, grid_ptr, ksigns_ptr, ONE, DT, NSB, BR, DPF)
         tl.store(y_ptr + pair.to(tl.int64) * D + row0 + tl.arange(0, BR), y)
 
 
@@ -1089,7 +1153,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     if n_single:
         _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
                                                  ws.xq, dp_tab, *gu_rest, ONE_BITS, NSB=D // QK,
-                                                 GT=gate_type, UT=up_type, BR=gbr, GPF=gpf, UPF=upf, COMPACT=long,
+                                                 GT=gate_type, UT=up_type, BR=gbr, GPF=gpf, UPF=upf,
+                                                 QD=down_type == Q2_K, COMPACT=long,
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi:
