@@ -27,8 +27,9 @@ expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as
 integer dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the
 activations stored as u * (2048 h + l) with int8 h and int16 l per run of 8, so the sums are exact integers and
-agree with float64 to ~1e-6 relative), the other types by float32 FMA on the decoded values (_fma_rows says how
-each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
+agree with float64 to ~1e-6 relative), a Q2_K down likewise (_q2k_dp_rows: the gate/up kernel stores its h in
+those integers, _quant_h, in the pair's own row of h, which then holds int32 planes instead of floats), the
+other types by float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
 sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
 2048; made by byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions,
@@ -96,6 +97,9 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
 # dot products (_iq2_dp_rows): 16 rows x 4 warps, no prefetch, the fastest of the sweep in BENCHMARKS.md (608715f;
 # next (32, 8) +1.4 us, (32, 4) +5.2 us: with fewer instructions the loop is latency-bound and more programs pay).
+# A Q2_K down runs on integer dot products too (_q2k_dp_rows), which has no prefetch form: loading the next block
+# first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
+# serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
@@ -1040,8 +1044,9 @@ def xq_words(D: int) -> int:
 @dataclass
 class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
-    order, cnt: int32 [T*k] (the items); h: float32 [T*k, F]; y: float32 [T*k, D]; xq: int32 [T, D*7/8] (the
-    activations as _quant_runs stores them, for IQ2_XXS gate/up)."""
+    order, cnt: int32 [T*k] (the items); h: float32 [T*k, F] (with a Q2_K down, a one-pair item's row holds F
+    int32 words instead: _quant_h); y: float32 [T*k, D]; xq: int32 [T, D*7/8] (the activations as _quant_runs
+    stores them, for IQ2_XXS gate/up)."""
     order: torch.Tensor
     cnt: torch.Tensor
     h: torch.Tensor
