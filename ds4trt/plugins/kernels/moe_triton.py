@@ -29,8 +29,8 @@ integer dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a 
 activations stored as u * (2048 h + l) with int8 h and int16 l per run of 8, so the sums are exact integers and
 agree with float64 to ~1e-6 relative), a Q2_K down likewise (_q2k_dp_rows: the gate/up kernel stores its h in
 those integers, _quant_h, in the pair's own row of h, which then holds int32 planes instead of floats), the
-other types by float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
-sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
+other types by float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA). `_multi`
+serves items of 2..CAP pairs (tokens sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
 small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
 2048; made by byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions,
 Q2_K / Q4_K in _kq_mma_runs)
@@ -1100,7 +1100,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
     if ids.dim() != 2 or ids.shape[0] != T or tuple(weights.shape) != tuple(ids.shape):
-        raise ValueError(f"moe_forward ids / weights: expected [{T}, k] each, got {list(ids.shape)} / {list(weights.shape)}")
+        raise ValueError(f"moe_forward ids / weights: expected [{T}, k] each, got {list(ids.shape)} / "
+                         f"{list(weights.shape)}")
     if T < 1 or D % QK:
         raise ValueError(f"moe_forward: need T >= 1 and D % 256 == 0, got T = {T}, D = {D}")
     F = gate_blocks.shape[1]
