@@ -30,8 +30,8 @@ activations stored as u * (2048 h + l) with int8 h and int16 l per run of 8, so 
 agree with float64 to ~1e-6 relative), a Q2_K down likewise (_q2k_dp_rows: the gate/up kernel stores its h in
 those integers, _quant_h, in the pair's own row of h, which then holds int32 planes instead of floats), the
 other types by float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA). `_multi`
-serves items of 2..CAP pairs (tokens sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact
-small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
+serves items of 2..CAP pairs (tokens sharing an expert), so one read of the expert's rows serves every token
+routed to it: the blocks become exact small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
 2048; made by byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions,
 Q2_K / Q4_K in _kq_mma_runs)
 times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
