@@ -24,20 +24,19 @@ T > 16 (prefill chunks): the same kernels, but the items are made by torch (_lon
 with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
 expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice.
 
-Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as
-integer dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the
-activations stored as u * (2048 h + l) with int8 h and int16 l per run of 8, so the sums are exact integers and
-agree with float64 to ~1e-6 relative), a Q2_K down likewise (_q2k_dp_rows: the gate/up kernel stores its h in
-those integers, _quant_h, in the pair's own row of h, which then holds int32 planes instead of floats), the
-other types by float32 FMA on the decoded values (_fma_rows says how each value becomes one FMA). `_multi`
-serves items of 2..CAP pairs (tokens sharing an expert), so one read of the expert's rows serves every token
-routed to it: the blocks become exact small integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below
-2048; made by byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions,
-Q2_K / Q4_K in _kq_mma_runs)
-times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms after a
-power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|); split_runs, by torch once per call for all programs:
-the gate/up kernel's v, the down kernel's h). Each tensor-core product is then exact in the
-fp32 accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
+Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as integer
+dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the activations stored
+as u * (2048 h + l) with int8 h and int16 l per run of 8, so the sums are exact integers and agree with float64 to
+~1e-6 relative), a Q2_K down likewise (_q2k_dp_rows: the gate/up kernel stores its h in those integers, _quant_h, in
+the pair's own row of h, which then holds int32 planes instead of floats), the other types by float32 FMA on the
+decoded values (_fma_rows says how each value becomes one FMA). `_multi` serves items of 2..CAP pairs (tokens
+sharing an expert), so one read of the expert's rows serves every token routed to it: the blocks become exact small
+integers in fp16 (Q2_K sc*q <= 45, Q4_K sc*q <= 945, IQ2_XXS (2s+1)*grid*sign <= 1333, all exact below 2048; made by
+byte permutes and HFMA2: IQ2_XXS in _iq2_mma_runs, sm_90 gate/up loop 3574 -> 1279 instructions, Q2_K / Q4_K in
+_kq_mma_runs) times a per-row float scale, and the activations are split per 256-value chunk into two fp16 terms
+after a power-of-two scaling (x * 2^-e = hi + lo + O(2^-22 max|x|); split_runs, by torch once per call for all
+programs: the gate/up kernel's v, the down kernel's h). Each tensor-core product is then exact in the fp32
+accumulator up to fp32 rounding, so both forms agree with float64 to ~1e-6 relative.
 
 Accumulation is float32 throughout. No atomics: every output element is written by one program.
 
