@@ -486,7 +486,8 @@ def build(argv: list[str] | None = None) -> int:
     results = check_engine(args.out, args.gguf, args.mtp, save_dir=Path(args.out) / "check")
     failed = [r for r in results if not r.ok]
     for g in dict.fromkeys(r.graph for r in results):
-        rel = lambda rows: max(r.rel for r in results if r.graph == g and r.output.startswith("rows.") == rows)  # noqa: E731
+        rel = lambda rows: max(r.rel for r in results                                     # noqa: E731
+                               if r.graph == g and r.output.startswith("rows.") == rows)
         print(f"check {g}: ONNX Runtime vs PyTorch, max |diff| / max |ref|: logits and hc {rel(False):.1e}, "
               f"cache rows {rel(True):.1e} (tolerance {TOL:g}; ds4 numerics: rows may differ by one FP8 "
               "rounding step in up to 1% of elements)")

@@ -154,7 +154,8 @@ class Tokenizer:
         tokens = [None] * len(vocab)
         for text, i in vocab.items():
             if not (isinstance(i, int) and 0 <= i < len(tokens)) or tokens[i] is not None:
-                raise Ds4Error(f"{path}: model.vocab: expected ids 0..{len(tokens) - 1} once each, got {i} for {text!r}")
+                raise Ds4Error(f"{path}: model.vocab: expected ids 0..{len(tokens) - 1} once each, got {i} for "
+                               f"{text!r}")
             tokens[i] = text
         merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
         return cls(tokens, merges, str(path))

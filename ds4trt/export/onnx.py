@@ -1,6 +1,7 @@
 """The step functions as ONNX graphs (TorchScript exporter), with weights as external data written tensor by tensor.
 
-    target step   tokens [T] int64, start [] int64, cache.{l}.{field} ...  ->  logits [T, V], hc [T, S, D], rows.{l}.{field} [T, w]
+    target step   tokens [T] int64, start [] int64, cache.{l}.{field} ...  ->  logits [T, V], hc [T, S, D],
+                                                                              rows.{l}.{field} [T, w]
     MTP step      tokens [T], h [T, S, D], start [], cache.0.raw          ->  logits, hc, rows.0.raw
 One graph per step function serves prefill chunks, decode (T = 1) and verify (T = drafts + 1); only T is dynamic.
 Cache shapes are fixed by the context size (`ctx`) the graphs are exported for (runtime/cache.py CacheState).
@@ -537,7 +538,8 @@ class WeightsFile:
         have = self.entries.get(src.name)
         if have is not None:
             if (have[2], have[3]) != (src.dtype, src.shape):
-                raise Ds4Error(f"{src.name}: written as {have[2]} {list(have[3])}, now wanted as {src.dtype} {list(src.shape)}")
+                raise Ds4Error(f"{src.name}: written as {have[2]} {list(have[3])}, now wanted as {src.dtype} "
+                               f"{list(src.shape)}")
             return have[0], have[1]
         self._pad_to(-(-self.offset // ALIGN) * ALIGN)
         start = self.offset

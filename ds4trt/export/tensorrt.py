@@ -197,7 +197,8 @@ def build_engines(directory, manifest: dict, options: TrtOptions | None = None, 
             first = str(parser.get_error(0)) if parser.num_errors else (logger.errors or ["no error reported"])[0]
             raise Ds4Error(f"{path}: TensorRT's ONNX parser failed ({parser.num_errors} errors): {first}")
         inputs = [M.IOSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in g["inputs"]]
-        dynamic = {network.get_input(i).name for i in range(network.num_inputs) if -1 in tuple(network.get_input(i).shape)}
+        net_inputs = [network.get_input(i) for i in range(network.num_inputs)]
+        dynamic = {t.name for t in net_inputs if -1 in tuple(t.shape)}
         want = {s.name for s in inputs if "T" in s.shape}
         if dynamic != want:
             raise Ds4Error(f"{path}: TensorRT sees dynamic inputs {sorted(dynamic)}, the manifest {sorted(want)}")
@@ -223,7 +224,8 @@ def build_engines(directory, manifest: dict, options: TrtOptions | None = None, 
         stage(f"TensorRT: building the {role} engine (profiles {ranges})")
         plan = builder.build_serialized_network(network, config)
         if plan is None:
-            raise Ds4Error(f"{path}: TensorRT could not build the engine: {(logger.errors or ['no error reported'])[0]}")
+            first = (logger.errors or ["no error reported"])[0]
+            raise Ds4Error(f"{path}: TensorRT could not build the engine: {first}")
         engine_path = directory / ENGINE_FILES[role]
         with open(engine_path, "wb") as f:
             f.write(plan)

@@ -44,7 +44,8 @@ class ModelConfig:
     index_top_k: int = 512
     n_hc: int = 4                 # hyper-connection streams S
     sinkhorn_iters: int = 20
-    compress_ratios: tuple[int, ...] = field(default_factory=lambda: (0, 0) + tuple(4 if l % 2 == 0 else 128 for l in range(2, 43)))
+    compress_ratios: tuple[int, ...] = field(
+        default_factory=lambda: (0, 0) + tuple(4 if l % 2 == 0 else 128 for l in range(2, 43)))
     swiglu_clamp: float = 10.0
     rope_base: float = 10000.0
     compress_rope_base: float = 160000.0
@@ -206,7 +207,8 @@ class ModelConfig:
             f"width        D={self.n_embd}, heads={self.n_head}x{self.head_dim} (rope {self.n_rot}), "
             f"q_lora={self.q_lora_rank}, out={self.o_groups}x{self.o_lora_rank}",
             f"experts      {self.n_expert} routed (top {self.n_expert_used}) + 1 shared, ff={self.expert_ff}",
-            f"attention    window={self.window}, indexer {self.index_n_head}x{self.index_head_dim} top-{self.index_top_k}",
+            f"attention    window={self.window}, indexer {self.index_n_head}x{self.index_head_dim} "
+            f"top-{self.index_top_k}",
             f"hyper-conn   {self.n_hc} streams, {self.sinkhorn_iters} Sinkhorn iterations",
             f"vocab        {self.n_vocab}",
             f"parameters   {params / 1e9:.2f} B" if params >= 1e8 else f"parameters   {params / 1e6:.2f} M",

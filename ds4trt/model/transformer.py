@@ -47,8 +47,8 @@ class FeedForward(nn.Module):
         v = rms_norm(y, self.norm, cfg.rms_eps)
         ids, weights = self.route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                                   cfg.expert_weight_scale)
-        return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down, cfg.swiglu_clamp,
-                                                             self.group)
+        return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down,
+                                                             cfg.swiglu_clamp, self.group)
 
 
 class HyperConnection(nn.Module):

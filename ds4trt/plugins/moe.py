@@ -133,12 +133,14 @@ class GGUFExperts(nn.Module):
     def __init__(self, gate_blocks: torch.Tensor, up_blocks: torch.Tensor, down_blocks: torch.Tensor,
                  types: tuple[int, int, int], n_expert: int, expert_ff: int, n_embd: int, clamp: float):
         super().__init__()
-        self.types, self.n_expert, self.expert_ff, self.n_embd = tuple(int(t) for t in types), n_expert, expert_ff, n_embd
+        self.types = tuple(int(t) for t in types)
+        self.n_expert, self.expert_ff, self.n_embd = n_expert, expert_ff, n_embd
         self.clamp = float(clamp)
         want = (blocks_shape(self.types[0], n_expert, expert_ff, n_embd),
                 blocks_shape(self.types[1], n_expert, expert_ff, n_embd),
                 blocks_shape(self.types[2], n_expert, n_embd, expert_ff))
-        for name, t, shape in zip(("gate_blocks", "up_blocks", "down_blocks"), (gate_blocks, up_blocks, down_blocks), want):
+        names = ("gate_blocks", "up_blocks", "down_blocks")
+        for name, t, shape in zip(names, (gate_blocks, up_blocks, down_blocks), want):
             if t.dtype != torch.uint8 or tuple(t.shape) != shape:
                 raise ValueError(f"GGUFExperts {name}: expected uint8 {list(shape)}, got {t.dtype} {list(t.shape)}")
             self.register_buffer(name, t)

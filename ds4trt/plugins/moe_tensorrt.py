@@ -144,7 +144,8 @@ def moe_host(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_wor
     gate, up, down = (unpack_words(w, s) for w, s in zip((gate_words, up_words, down_words), attrs.block_shapes()))
     T = v.shape[0]
     if tuple(v.shape) != (T, attrs.n_embd) or tuple(out.shape) != (T, attrs.n_embd):
-        raise ValueError(f"{PLUGIN_ID}: v and out must be [T, {attrs.n_embd}], got {list(v.shape)} and {list(out.shape)}")
+        raise ValueError(f"{PLUGIN_ID}: v and out must be [T, {attrs.n_embd}], got {list(v.shape)} and "
+                         f"{list(out.shape)}")
     if v.is_cuda:
         from ds4trt.plugins.kernels.moe_triton import moe_forward
 

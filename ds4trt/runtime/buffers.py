@@ -63,7 +63,8 @@ def plan_buffers(inputs: list[IOSpec], outputs: list[IOSpec], t_max: int, align:
                 raise ValueError(f"tensor {s.name}: dtype {s.dtype} has no device buffer type")
             t_axes = [i for i, d in enumerate(s.shape) if d == "T"]
             if t_axes not in ([], [0]):     # T leads, so the first T rows of a slot are one contiguous tensor
-                raise ValueError(f"tensor {s.name}: T must be the first and only dynamic dimension, got {list(s.shape)}")
+                raise ValueError(f"tensor {s.name}: T must be the first and only dynamic dimension, got "
+                                 f"{list(s.shape)}")
             shape = tuple(t_max if d == "T" else int(d) for d in s.shape)
             nbytes = math.prod(shape) * ITEMSIZE[s.dtype]
             offset = -(-offset // align) * align
