@@ -44,10 +44,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Te
     return torch.einsum("thk,kd->thd", p, k)                    # V = K
 
 
+def unrotate(o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """o [t, H, d] with each head's tail rotated back by its query row's RoPE (cos, sin [t, n_rot/2])"""
+    return apply_rope_tail(o, cos[:, None], sin[:, None], inverse=True)
+
+
 def attend_unrotate(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> torch.Tensor:
-    """attend, then each head's tail rotated back by its query row's RoPE (cos, sin [t, n_rot/2]) -> [t, H, d]"""
-    return apply_rope_tail(attend(q, k, mask, sinks), cos[:, None], sin[:, None], inverse=True)
+    """attend, then unrotate -> [t, H, d]"""
+    return unrotate(attend(q, k, mask, sinks), cos, sin)
 
 
 def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:

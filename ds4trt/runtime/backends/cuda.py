@@ -40,13 +40,12 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows
+from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows, unrotate
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
-from ds4trt.model.rope import apply_rope_tail
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
@@ -126,7 +125,7 @@ def attend_kernel(q, k, mask, sinks, cos, sin):
     chunks)."""
     if q.shape[0] <= attn_triton.MAX_T:
         return attend_op(q, k, mask, sinks, cos, sin)
-    return apply_rope_tail(attn_triton.attend_long_triton(q, k, mask, sinks), cos[:, None], sin[:, None], inverse=True)
+    return unrotate(attn_triton.attend_long_triton(q, k, mask, sinks), cos, sin)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
