@@ -125,7 +125,7 @@ def long_launch(pairs: int, experts: int) -> tuple[int, int, int, int]:
 @functools.cache
 def _iq2xxs_tables_np() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """From gguf's own IQ2_XXS tables: (grid codes int16 [256]: 2 bits per value, value i at bits 2i (read as
-    uint16); ksigns uint8 [128]; the selectors of _iq2_dp, int32 [384]: at grid index j < 256 the codes as nibbles
+    uint16); ksigns uint8 [128]; the selectors of _iq2_dp_block, int32 [384]: at grid index j < 256 the codes as nibbles
     (value i's code at bits 4i), at 256 + sign index the sign bits of ksigns moved to bit 2 of each nibble, so that
     codes | signs is the prmt selector of each value's signed magnitude, see _prmt_q)."""
     cls = gguf_quants.IQ2_XXS
@@ -449,7 +449,7 @@ mul.rn.f16x2 c2, s2, c2;
 def _iq2_mma_runs(ptr, base, c, dp_ptr):
     """IQ2_XXS runs for the tensor-core kernels: run j is run c[j] (= 4g + r of group g) of the block at byte
     offset base[j] (int64) -> float16 [R, 8], value l = (2s+1) * its signed grid magnitude (exact integers). Per
-    run two table loads give _iq2_dp's prmt selector; on the GPU ~20 PTX instructions (_IQ2_F16_ASM) make the 8
+    run two table loads give _iq2_dp_block's prmt selector; on the GPU ~20 PTX instructions (_IQ2_F16_ASM) make the 8
     halves, against ~11 per value for the float decode of _block_parts."""
     idx, sidx, hi = _iq2_run_fields(ptr, base, c)
     sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
@@ -567,54 +567,44 @@ def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr):
 
 @triton.jit
 def _iq2_fields(p16, rh, sb):
-    """Raw loads of block sb of each row for the IQ2_XXS tile [group g, run l, row] of _iq2_dp_rows; p16: the
-    expert's blocks as uint16, rh [BR] int32: each row's block 0 in half-words (blocks are 2-byte aligned). Every
-    field is loaded in the tile's full shape, the index it does not depend on only broadcasting (4 lanes read one
-    half-word, the 32 lanes of a row one d), so that all loads share one layout and nothing moves between lanes.
-    Returns uint16 [8, 4, BR]: the half-word of A holding run l's grid index, B's halves lo and hi, d's bits."""
-    b = (rh + sb * 33)[None, None, :]
-    g4 = 4 * tl.arange(0, 8)[:, None, None]                 # group g's A at half-words 1 + 4g, 2 + 4g; B at 3, 4
-    l = tl.arange(0, 4)[None, :, None]
-    a = tl.load(p16 + (b + 1 + g4 + (l >> 1)))
-    lo = tl.load(p16 + (b + 3 + g4 + 0 * l))
-    hi = tl.load(p16 + (b + 4 + g4 + 0 * l))
-    d = tl.load(p16 + (b + 0 * g4 + 0 * l))
-    return a, lo, hi, d
+    """Raw loads of block sb of each row for the IQ2_XXS tile [group g, row] of _iq2_dp_rows; p16: the expert's
+    blocks as uint16, rh [BR] int32: each row's block 0 in half-words (blocks are 2-byte aligned). Returns uint16
+    [8, BR]: group g's A half-words (grid indices of runs 0, 1 and 2, 3), B's halves lo and hi, and the block's d
+    (every lane of a row loads it: one half-word)."""
+    b = (rh + sb * 33)[None, :]
+    g4 = 4 * tl.arange(0, 8)[:, None]                       # group g's A at half-words 1 + 4g, 2 + 4g; B at 3, 4
+    return (tl.load(p16 + (b + 1 + g4)), tl.load(p16 + (b + 2 + g4)), tl.load(p16 + (b + 3 + g4)),
+            tl.load(p16 + (b + 4 + g4)), tl.load(p16 + (b + 0 * g4)))
 
 
 @triton.jit
-def _iq2_dp(acc, a, lo, hi, d, xh, xl, xu, dp_ptr, PS: tl.constexpr):
-    """acc [8, 4, BR] += per group g, run l and row: d (2s+1)/8 * u * (the run's 8 signed magnitudes . x's integers);
-    xh, xl, xu [8, 4, 1]: pointers to the run's h word 0, l word 0 and u; its other words PS (the plane size)
-    further on each (see _quant_runs).
+def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
+    """acc [8, BR] += per group g and row of block sb: d (2s+1)/8 * the sum over its 4 runs of u * (the run's 8
+    signed magnitudes . x's integers), x as _quant_runs stores it in the token's row xq_ptr (planes of D/8 words).
     Per run: two table loads give the prmt selector (codes | signs), two prmt the 8 signed int8 weights, and six
     integer dot-product instructions (dp4a on h, dp2a on l) the run's sum exactly in int32
-    (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion, one FFMA per run."""
-    l = tl.arange(0, 4)[None, :, None]
-    lo = lo.to(tl.int32)
-    hi = hi.to(tl.int32)
-    idx = (a.to(tl.int32) >> (8 * (l & 1))) & 255                                     # grid index of run l
-    sidx = ((lo | (hi << 16)) >> (7 * l)) & 127                                       # its sign index
-    sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + sidx)
-    w0 = _prmt_q(sel)                                                                  # values 0..3 as int8
-    w1 = _prmt_q(sel >> 16)                                                            # values 4..7
-    sh = _dp4a(w1, tl.load(xh + PS), _dp4a(w0, tl.load(xh), 0))
-    sl = _dp2a(tl.load(xl), w0, 0, False)
-    sl = _dp2a(tl.load(xl + PS), w0, sl, True)
-    sl = _dp2a(tl.load(xl + 2 * PS), w1, sl, False)
-    sl = _dp2a(tl.load(xl + 3 * PS), w1, sl, True)
-    dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi >> 12) + 1))   # d (2s+1) / 8
-    return acc + (dl * tl.load(xu)) * (sh * XQ_LO + sl).to(tl.float32)
-
-
-@triton.jit
-def _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
-    """_iq2_dp for block sb of the rows: its 32 runs' h words, l words and u in the planes of the token's row
-    xq_ptr (see _quant_runs)."""
+    (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion and one FFMA per run;
+    the group's fields and scale once for its 4 runs (a lane per group, the runs in the thread)."""
     D: tl.constexpr = NSB * 256
-    r = sb * 32 + 4 * tl.arange(0, 8)[:, None, None] + tl.arange(0, 4)[None, :, None]     # [8, 4, 1]: run index
-    return _iq2_dp(acc, a, lo, hi, d, xq_ptr + r, xq_ptr + D // 4 + r,
-                   xq_ptr.to(tl.pointer_type(tl.float32)) + 3 * D // 4 + r, dp_ptr, D // 8)
+    PS: tl.constexpr = D // 8
+    xu = xq_ptr.to(tl.pointer_type(tl.float32)) + 6 * PS
+    bw = lo.to(tl.int32) | (hi.to(tl.int32) << 16)                                    # B: signs | s << 28
+    y = tl.zeros(acc.shape, tl.float32)
+    for l in tl.static_range(4):
+        a = a01 if l < 2 else a23
+        idx = (a.to(tl.int32) >> (8 * (l % 2))) & 255                                  # grid index of run l
+        sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + ((bw >> (7 * l)) & 127))
+        w0 = _prmt_q(sel)                                                              # values 0..3 as int8
+        w1 = _prmt_q(sel >> 16)                                                        # values 4..7
+        r = sb * 32 + 4 * tl.arange(0, 8)[:, None] + l                                  # [8, 1]: run index
+        sh = _dp4a(w1, tl.load(xq_ptr + PS + r), _dp4a(w0, tl.load(xq_ptr + r), 0))
+        sl = _dp2a(tl.load(xq_ptr + 2 * PS + r), w0, 0, False)
+        sl = _dp2a(tl.load(xq_ptr + 3 * PS + r), w0, sl, True)
+        sl = _dp2a(tl.load(xq_ptr + 4 * PS + r), w1, sl, False)
+        sl = _dp2a(tl.load(xq_ptr + 5 * PS + r), w1, sl, True)
+        y += tl.load(xu + r) * (sh * XQ_LO + sl).to(tl.float32)
+    dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi.to(tl.int32) >> 12) + 1))
+    return acc + dl * y
 
 
 @triton.jit
@@ -622,24 +612,24 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
                  PREFETCH: tl.constexpr):
     """[BR] float32: rows row0..row0+BR of the IQ2_XXS expert at byte offset expert_off dotted with one token's
     activations as _quant_runs stores them (xq_ptr: the token's row). The gate/up inner loop of decode and verify
-    (one-pair items): integer dot products on the quantized activations (_iq2_dp) instead of one float FMA and
+    (one-pair items): integer dot products on the quantized activations (_iq2_dp_block) instead of one float FMA and
     ~9 integer operations per value (the float path, _fma_rows, is ALU-bound on the H200). Used when only one of
     gate and up is IQ2_XXS (both: _iq2_dp_pair).
-    Tile [group g, run l, row] (rows last, see _iq2_dot); PREFETCH: load the next block's fields first."""
+    Tile [group g, row] (rows last, see _iq2_dot); PREFETCH: load the next block's fields first."""
     p16 = (ptr + expert_off).to(tl.pointer_type(tl.uint16))         # expert_off is even (66-byte blocks)
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)                     # int32: < 2^31 within one expert
-    acc = tl.zeros([8, 4, BR], tl.float32)
+    acc = tl.zeros([8, BR], tl.float32)
     if PREFETCH:
-        a, lo, hi, d = _iq2_fields(p16, rh, 0)
+        a01, a23, lo, hi, d = _iq2_fields(p16, rh, 0)
         for sb in range(0, NSB):
-            na, nlo, nhi, nd = _iq2_fields(p16, rh, tl.minimum(sb + 1, NSB - 1))
-            acc = _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
-            a, lo, hi, d = na, nlo, nhi, nd
+            na01, na23, nlo, nhi, nd = _iq2_fields(p16, rh, tl.minimum(sb + 1, NSB - 1))
+            acc = _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
+            a01, a23, lo, hi, d = na01, na23, nlo, nhi, nd
     else:
         for sb in range(0, NSB):
-            a, lo, hi, d = _iq2_fields(p16, rh, sb)
-            acc = _iq2_dp_block(acc, a, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
-    return tl.sum(tl.sum(acc, axis=1), axis=0)
+            a01, a23, lo, hi, d = _iq2_fields(p16, rh, sb)
+            acc = _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB)
+    return tl.sum(acc, axis=0)
 
 
 @triton.jit
@@ -650,14 +640,14 @@ def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: 
     g16 = (gate_ptr + gate_off).to(tl.pointer_type(tl.uint16))
     u16 = (up_ptr + up_off).to(tl.pointer_type(tl.uint16))
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
-    acc_g = tl.zeros([8, 4, BR], tl.float32)
-    acc_u = tl.zeros([8, 4, BR], tl.float32)
+    acc_g = tl.zeros([8, BR], tl.float32)
+    acc_u = tl.zeros([8, BR], tl.float32)
     for sb in range(0, NSB):
-        ga, glo, ghi, gd = _iq2_fields(g16, rh, sb)
-        ua, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
-        acc_g = _iq2_dp_block(acc_g, ga, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
-        acc_u = _iq2_dp_block(acc_u, ua, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
-    return tl.sum(tl.sum(acc_g, axis=1), axis=0), tl.sum(tl.sum(acc_u, axis=1), axis=0)
+        ga01, ga23, glo, ghi, gd = _iq2_fields(g16, rh, sb)
+        ua01, ua23, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
+        acc_g = _iq2_dp_block(acc_g, ga01, ga23, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
+        acc_u = _iq2_dp_block(acc_u, ua01, ua23, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
+    return tl.sum(acc_g, axis=0), tl.sum(acc_u, axis=0)
 
 
 @triton.jit
@@ -673,7 +663,7 @@ def _quant_h(h_ptr, row0, hv, F: tl.constexpr, BR: tl.constexpr):
 def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.constexpr):
     """[BR] float32: rows row0..row0+BR of the Q2_K expert at byte offset expert_off (a multiple of 4) dotted with one
     pair's h as _quant_h stores it (hq_ptr: int32, the pair's row). The one-pair down loop on integer dot products,
-    like _iq2_dp (the float path, _fma_rows, spends ~6.6 instructions per value on sm_90: 423 per 64): the 2-bit
+    like _iq2_dp_block (the float path, _fma_rows, spends ~6.6 instructions per value on sm_90: 423 per 64): the 2-bit
     quants of a word at shift 2j are 4 values as bytes after one shift and one AND, times h's integers by one dp4a and
     two dp2a, exact in int32 (|XQ_LO * sum(q h) + sum(q l)| <= 8 * 3 * (127 * 2048 + 1024) < 2^23, times the 4-bit
     scale < 2^27); per run of 8 the sum becomes float once, times u; the min term is dmin * m * (the run's sum of h).
@@ -729,7 +719,7 @@ def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, dp_ptr,
     """acc [BR, C] += dequantized block rows [BR,256] @ x [256, C] on the tensor cores (see the module notes).
     base, c: the run tile of the blocks (see _block_parts); rbase [BR]: byte offset of each row's block.
     hi, lo: the split activations [256, C]; shi, slo: their sums over 16-value runs, split [16, C].
-    dp_ptr: _iq2_dp's selector table (IQ2_XXS)."""
+    dp_ptr: _iq2_dp_block's selector table (IQ2_XXS)."""
     if TYPE == 16:
         a = tl.reshape(_iq2_mma_runs(ptr, base, c, dp_ptr), (BR, NS * L))   # exact integers, |a| < 2048
     else:
