@@ -100,6 +100,10 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
+# Calls of 2..CAP tokens (verify) run at least 12 one-pair items, so enough programs for the H200 with 32-row IQ2_XXS
+# tiles, which load each run of x once for twice the rows: verify of 3 drafts ~0.2-0.3 ms faster than at (16, 4),
+# decode ~0.3 ms slower with them (BENCHMARKS.md, try/iq2-group-lanes-32x4).
+SHORT_CONFIG = {IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
@@ -1101,7 +1105,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
     if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
         raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
-    cfg = {**SINGLE_CONFIG, **(single_config or {})}
+    cfg = {**SINGLE_CONFIG, **(SHORT_CONFIG if 1 < T <= CAP else {}), **(single_config or {})}
     (gbr, gwarps, greg, gpf), (dbr, dwarps, dreg, dpf) = cfg[gate_type], cfg[down_type]
     upf = cfg[up_type][3]
     long = T > CAP
