@@ -94,15 +94,16 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
 # Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
 # q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
-# dot products (_iq2_dp_rows): 16 rows x 4 warps, no prefetch, the fastest of the sweep in BENCHMARKS.md (608715f;
-# next (32, 8) +1.4 us, (32, 4) +5.2 us: with fewer instructions the loop is latency-bound and more programs pay).
+# dot products (_iq2_dp_pair, a group's 4 runs per thread): 16 rows x 4 warps, no prefetch: the decode step ~0.3 ms
+# faster than at (32, 4) (BENCHMARKS.md, 2026-12-01, twenty-third session: fewer programs, fewer loads in flight);
+# two blocks per step on [2, group, row] tiles at 8 warps, and the loop unrolled by two, were both ~0.2-0.4 ms slower.
 # A Q2_K down runs on integer dot products too (_q2k_dp_rows), which has no prefetch form: loading the next block
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
 # Calls of 2..CAP tokens (verify) run at least 12 one-pair items, so enough programs for the H200 with 32-row IQ2_XXS
-# tiles, which load each run of x once for twice the rows: verify of 3 drafts ~0.2-0.3 ms faster than at (16, 4),
-# decode ~0.3 ms slower with them (BENCHMARKS.md, try/iq2-group-lanes-32x4).
+# tiles, which load each run of x once for twice the rows: verify of 3 drafts ~0.2-0.3 ms faster than at (16, 4)
+# (BENCHMARKS.md, try/iq2-tile-by-t).
 SHORT_CONFIG = {IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
