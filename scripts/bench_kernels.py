@@ -289,8 +289,9 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
                     Q.q8_matmul(x, *w, K, groups=G, out=out, config=config)
             nbytes = wbytes + x.numel() * 4 + out.numel() * 4
             label = f"q8 {name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
-            guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
-                case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
+            guarded(f"{label} T={T}", results,
+                    lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
+                        case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
             if sweeps is not None and T in Q8_SWEEP and name in ("attn_q_b", "attn_output_a", "attn_output_b",
                                                                     "ffn_gate_shexp", "output"):
                 for cfg in Q8_SWEEP[T]:

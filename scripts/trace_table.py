@@ -26,7 +26,8 @@ def load(path: str, by_name: bool) -> tuple[dict[str, float], collections.Counte
             try:
                 us = float(us)
             except ValueError:
-                sys.exit(f"trace_table: {path} line {n}: expected 'microseconds<tab>kernel name', got {line.rstrip()[:60]!r}")
+                sys.exit(f"trace_table: {path} line {n}: expected 'microseconds<tab>kernel name', "
+                         f"got {line.rstrip()[:60]!r}")
             if name.startswith("triton_") and not by_name:
                 name = "triton_* (Inductor)"
             elif not name.startswith(("_", "triton_")):

@@ -112,7 +112,8 @@ class Named:
 
     def trainable(self, module) -> dict[str, torch.nn.Parameter]:
         by_ptr = {p.data_ptr(): p for p in module.parameters()}
-        return {n: by_ptr[t.data_ptr()] for n, t in self.loaded.items() if t.is_floating_point() and t.data_ptr() in by_ptr}
+        return {n: by_ptr[t.data_ptr()] for n, t in self.loaded.items()
+                if t.is_floating_point() and t.data_ptr() in by_ptr}
 
 
 def windows(data: np.ndarray, n: int, seq: int, rng: np.random.Generator) -> list[np.ndarray]:

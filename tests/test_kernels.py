@@ -289,7 +289,8 @@ def test_moe_flash_widths(mix):
 
 @gpu_only
 def test_moe_flash_widths_long_call():
-    """A 300-token prefill chunk at Flash widths (q2 mix): 1800 pairs over 8 experts, items of up to 64 pairs (long_launch)."""
+    """A 300-token prefill chunk at Flash widths (q2 mix): 1800 pairs over 8 experts, items of up to 64 pairs
+    (long_launch)."""
     types = MIXES["iq2_iq2_q2k"]
     blocks, pool, deq = _flash_experts(types, seed=31)
     rng = np.random.default_rng(31)
@@ -684,7 +685,8 @@ def test_index_score_vs_float64(shape):
     nh, di, K = shape
     g = torch.Generator().manual_seed(_seed("index", *shape))
     for T in (T_GPU if GPU else (1, 3)):
-        w, q, keys = torch.randn(T, nh, generator=g), torch.randn(T, nh, di, generator=g), torch.randn(K, di, generator=g)
+        w, q = torch.randn(T, nh, generator=g), torch.randn(T, nh, di, generator=g)
+        keys = torch.randn(K, di, generator=g)
         want = index_score(w.double(), q.double(), keys.double())
         got = index_triton.index_score_triton(w.to(DEVICE), q.to(DEVICE), keys.to(DEVICE))
         assert got.shape == want.shape
