@@ -101,9 +101,9 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
 SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
-# Calls of 2..CAP tokens (verify) run at least 12 one-pair items, so enough programs for the H200 with 32-row IQ2_XXS
-# tiles, which load each run of x once for twice the rows: verify of 3 drafts ~0.2-0.3 ms faster than at (16, 4)
-# (BENCHMARKS.md, try/iq2-tile-by-t).
+# Calls of 2..CAP tokens (verify) launch T * k one-pair programs per row tile (at least 12 at Flash's k = 6), enough
+# for the H200 with 32-row IQ2_XXS tiles, which load each run of x once for twice the rows: verify of 3 drafts
+# ~0.2-0.3 ms faster than at (16, 4) (BENCHMARKS.md, try/iq2-tile-by-t).
 SHORT_CONFIG = {IQ2_XXS: (32, 4, None, False)}
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
