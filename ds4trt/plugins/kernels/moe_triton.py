@@ -583,16 +583,34 @@ def _iq2_fields(p16, rh, sb):
 
 
 @triton.jit
+def _ld4(ptr):
+    """The four int32 words at ptr (16-byte aligned): one 128-bit load on the GPU."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
+                                         dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
+
+
+@triton.jit
 def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
     """acc [8, BR] += per group g and row of block sb: d (2s+1)/8 * the sum over its 4 runs of u * (the run's 8
     signed magnitudes . x's integers), x as _quant_runs stores it in the token's row xq_ptr (planes of D/8 words).
     Per run: two table loads give the prmt selector (codes | signs), two prmt the 8 signed int8 weights, and six
     integer dot-product instructions (dp4a on h, dp2a on l) the run's sum exactly in int32
     (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion and one FFMA per run;
-    the group's fields and scale once for its 4 runs (a lane per group, the runs in the thread)."""
+    the group's fields and scale once for its 4 runs (a lane per group, the runs in the thread). A group's 4 runs
+    are 4 consecutive words of each of x's 7 planes: one 128-bit load per plane (_ld4)."""
     D: tl.constexpr = NSB * 256
     PS: tl.constexpr = D // 8
-    xu = xq_ptr.to(tl.pointer_type(tl.float32)) + 6 * PS
+    r0 = xq_ptr + sb * 32 + 4 * tl.arange(0, 8)[:, None]                               # [8, 1]: group g's run 0
+    h0 = _ld4(r0)
+    h1 = _ld4(r0 + PS)
+    l0 = _ld4(r0 + 2 * PS)
+    l1 = _ld4(r0 + 3 * PS)
+    l2 = _ld4(r0 + 4 * PS)
+    l3 = _ld4(r0 + 5 * PS)
+    xu = _ld4(r0 + 6 * PS)
     bw = lo.to(tl.int32) | (hi.to(tl.int32) << 16)                                    # B: signs | s << 28
     y = tl.zeros(acc.shape, tl.float32)
     for l in tl.static_range(4):
@@ -601,13 +619,12 @@ def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexp
         sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + ((bw >> (7 * l)) & 127))
         w0 = _prmt_q(sel)                                                              # values 0..3 as int8
         w1 = _prmt_q(sel >> 16)                                                        # values 4..7
-        r = sb * 32 + 4 * tl.arange(0, 8)[:, None] + l                                  # [8, 1]: run index
-        sh = _dp4a(w1, tl.load(xq_ptr + PS + r), _dp4a(w0, tl.load(xq_ptr + r), 0))
-        sl = _dp2a(tl.load(xq_ptr + 2 * PS + r), w0, 0, False)
-        sl = _dp2a(tl.load(xq_ptr + 3 * PS + r), w0, sl, True)
-        sl = _dp2a(tl.load(xq_ptr + 4 * PS + r), w1, sl, False)
-        sl = _dp2a(tl.load(xq_ptr + 5 * PS + r), w1, sl, True)
-        y += tl.load(xu + r) * (sh * XQ_LO + sl).to(tl.float32)
+        sh = _dp4a(w1, h1[l], _dp4a(w0, h0[l], 0))
+        sl = _dp2a(l0[l], w0, 0, False)
+        sl = _dp2a(l1[l], w0, sl, True)
+        sl = _dp2a(l2[l], w1, sl, False)
+        sl = _dp2a(l3[l], w1, sl, True)
+        y += xu[l].to(tl.float32, bitcast=True) * (sh * XQ_LO + sl).to(tl.float32)
     dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi.to(tl.int32) >> 12) + 1))
     return acc + dl * y
 
