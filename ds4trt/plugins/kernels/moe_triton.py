@@ -550,15 +550,18 @@ def _rint(y):
 
 
 @triton.jit
-def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr):
+def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr, SWAP: tl.constexpr = False):
     """Store x [R, 8] (runs run0.. of a row of K activations) as integers for _iq2_dp_rows. Per run of 8 values,
     u = max|x| / (127 XQ_LO), h = rint(x / (XQ_LO u)) in [-127, 127], l = rint(x / u - XQ_LO h) in
     [-XQ_LO/2, XQ_LO/2], so that x = u (XQ_LO h + l) to within u / 2 (2^-19 of the run's largest |x|). The row
     (int32 [K * 7/8]) in planes of one word per run (K / 8 words each): h words 0, 1 (4 int8 each) | l words
     0..3 (2 int16 each) | u (float32). A warp of _iq2_dp_rows reads one plane's word of 32 consecutive runs: 128
     contiguous bytes, 4 sectors (word k of run r at 2r + k / 4r + k spread each such read over 8 / 16 sectors:
-    the x loads were a third of the gate/up kernel's L1 sectors)."""
+    the x loads were a third of the gate/up kernel's L1 sectors). SWAP: run 16n + 4j + i goes to word 16n + 4i + j
+    of each plane (the order _q2k_dp_rows reads, see _quant_h)."""
     r = run0 + tl.arange(0, R)
+    if SWAP:
+        r = (r & ~15) | ((r & 3) << 2) | ((r >> 2) & 3)
     amax = tl.max(tl.abs(x), axis=1)
     y = tl.where(amax[:, None] > 0, x / tl.maximum(amax, 1e-30)[:, None], 0.0) * 127.0      # |y| <= 127
     h = _rint(y)
@@ -675,10 +678,13 @@ def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: 
 @triton.jit
 def _quant_h(h_ptr, row0, hv, F: tl.constexpr, BR: tl.constexpr):
     """Store rows row0.. of one pair's h (hv [BR], BR % 8 == 0) for _q2k_dp_rows, in the pair's row of h (F words):
-    _quant_runs's seven planes of F / 8 words, then each run's sum of h (float32, the Q2_K min term's)."""
+    _quant_runs's seven planes of F / 8 words, then each run's sum of h (float32, the Q2_K min term's); in each
+    plane, run 16n + 4j + i of a 256-value block at word 16n + 4i + j: the 4 runs that one lane of _q2k_dp_rows
+    reads (one per shift j) are then 4 consecutive words, one 128-bit load."""
     x = tl.reshape(hv, (BR // 8, 8))
-    _quant_runs(h_ptr.to(tl.pointer_type(tl.int32)), F, row0 // 8, x, BR // 8)
-    tl.store(h_ptr + 7 * F // 8 + row0 // 8 + tl.arange(0, BR // 8), tl.sum(x, axis=1))
+    _quant_runs(h_ptr.to(tl.pointer_type(tl.int32)), F, row0 // 8, x, BR // 8, True)
+    r = row0 // 8 + tl.arange(0, BR // 8)
+    tl.store(h_ptr + 7 * F // 8 + ((r & ~15) | ((r & 3) << 2) | ((r >> 2) & 3)), tl.sum(x, axis=1))
 
 
 @triton.jit
@@ -694,7 +700,6 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
     K: tl.constexpr = NSB * 256
     PS: tl.constexpr = K // 8                                   # _quant_runs's plane size (words)
     p32 = (ptr + expert_off).to(tl.pointer_type(tl.int32))
-    hf = hq_ptr.to(tl.pointer_type(tl.float32))
     q = tl.arange(0, 8)[:, None]
     n = q >> 2
     i = q & 3
@@ -707,6 +712,15 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
         s_lo = tl.load(p32 + b + 2 * n)                          # scale bytes 8n .. 8n+3
         s_hi = tl.load(p32 + b + (2 * n + 1))                    # 8n+4 .. 8n+7
         dd = tl.load(p32 + b + 20)                               # f16 d | f16 dmin
+        r0 = hq_ptr + (sb * 32 + 16 * n + 4 * i)                 # [8, 1]: runs 16n + 4j + i, j = 0..3 (_quant_h)
+        h0 = _ld4(r0)
+        h1 = _ld4(r0 + PS)
+        l0 = _ld4(r0 + 2 * PS)
+        l1 = _ld4(r0 + 3 * PS)
+        l2 = _ld4(r0 + 4 * PS)
+        l3 = _ld4(r0 + 5 * PS)
+        hu = _ld4(r0 + 6 * PS)
+        hs = _ld4(r0 + 7 * PS)
         ym = tl.zeros([8, BR], tl.float32)
         yn = tl.zeros([8, BR], tl.float32)
         for j in tl.static_range(4):
@@ -716,14 +730,13 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
                 sc = (s_hi >> (8 * (2 * j - 4 + (i >> 1)))) & 255
             qa = (wa >> (2 * j)) & 0x03030303
             qb = (wb >> (2 * j)) & 0x03030303
-            r = sb * 32 + 16 * n + 4 * j + i                         # [8, 1]: the run of h
-            ih = _dp4a(qb, tl.load(hq_ptr + PS + r), _dp4a(qa, tl.load(hq_ptr + r), 0))
-            il = _dp2a(tl.load(hq_ptr + 2 * PS + r), qa, 0, False)
-            il = _dp2a(tl.load(hq_ptr + 3 * PS + r), qa, il, True)
-            il = _dp2a(tl.load(hq_ptr + 4 * PS + r), qb, il, False)
-            il = _dp2a(tl.load(hq_ptr + 5 * PS + r), qb, il, True)
-            ym += tl.load(hf + 6 * PS + r) * ((ih * XQ_LO + il) * (sc & 15)).to(tl.float32)
-            yn += tl.load(hf + 7 * PS + r) * (sc >> 4).to(tl.float32)
+            ih = _dp4a(qb, h1[j], _dp4a(qa, h0[j], 0))
+            il = _dp2a(l0[j], qa, 0, False)
+            il = _dp2a(l1[j], qa, il, True)
+            il = _dp2a(l2[j], qb, il, False)
+            il = _dp2a(l3[j], qb, il, True)
+            ym += hu[j].to(tl.float32, bitcast=True) * ((ih * XQ_LO + il) * (sc & 15)).to(tl.float32)
+            yn += hs[j].to(tl.float32, bitcast=True) * (sc >> 4).to(tl.float32)
         acc += _f16_bits(dd) * ym - _f16_bits(dd >> 16) * yn
     return tl.sum(acc, axis=0)
 
