@@ -298,6 +298,8 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     T = x.shape[0]
     rows_per_group = N // groups
     x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
+    if x.data_ptr() % 16:                   # _q8_rows reads x by 16-byte loads
+        x = x.clone()
     if out is None:
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
