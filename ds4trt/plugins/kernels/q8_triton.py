@@ -58,7 +58,7 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528: attn_output_b 14.6 against
 # 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528): attn_q_b 27.9 us, LM head 369
 # against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
-ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 528)}
+ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528)}
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
