@@ -12,7 +12,9 @@ zeros; the kernels' time does not depend on the values):
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
       routing; a long call, timed eagerly);
-  2. the Q8_0 projections of a layer and the LM head, T = 1..4; the F16 products of a layer (router,
+  2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `read`: a plain streaming read of each one's
+     bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
+     product, which the copy bandwidth's floor does not include: the ramp and tail of one launch); the F16 products of a layer (router,
      compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
   2c. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
@@ -51,6 +53,7 @@ import time
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -272,6 +275,43 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
             for cfg in LONG_SWEEP:
                 if cfg != default:
                     sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
+
+
+@triton.jit
+def _read_words(w_ptr, out_ptr, n, CH: tl.constexpr, BW: tl.constexpr):
+    """Program p sums words p*CH .. p*CH+CH-1 of w (int32; those past n masked) BW at a time (contiguous: 128-bit
+    loads) and stores the sum, so that nothing but the loads is left to time."""
+    base = tl.program_id(0).to(tl.int64) * CH
+    acc = tl.zeros([BW], tl.int32)
+    for k in range(0, CH, BW):
+        i = base + k + tl.arange(0, BW)
+        acc += tl.load(w_ptr + i, mask=i < n, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+READ_PROGRAMS = (264, 528, 1056, 2112, 4224)   # bench_read's launches (2..32 programs per SM of an H200); the best
+
+
+def bench_read(bw: float, l2: int, results: list) -> None:
+    """A streaming read of the bytes of each Q8_0 projection (and the LM head), timed like bench_q8 (a CUDA graph
+    over copies that exceed 4x the L2): the best of READ_PROGRAMS launches of _read_words (4 warps, 2 KB per step)."""
+    for name, N, K, G in Q8_LAYER + [LM_HEAD]:
+        wbytes = N * K // 32 * 34
+        n = wbytes // 4
+        C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
+        ws = [torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, device=DEV) for _ in range(C)]
+        best = None
+        for programs in READ_PROGRAMS:
+            ch = triton.cdiv(triton.cdiv(n, programs), 512) * 512
+            out = torch.empty(triton.cdiv(n, ch), dtype=torch.int32, device=DEV)
+
+            def fn(out=out, ws=ws, ch=ch, n=n):
+                for w in ws:
+                    _read_words[(out.numel(),)](w, out, n, CH=ch, BW=512, num_warps=4)
+            ms = time_graph(fn, C)
+            best = ms if best is None or ms < best else best
+        results.append(case(f"read {name} {N}x{K}", 1, wbytes, best, bw, kind="read", tensor=name))
+        del ws
 
 
 def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
@@ -505,8 +545,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,compress,q4",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, f16, attend, attend_long "
-                         "(prefill), index_long (prefill), hc_long (prefill), topk, compress, q4 (moe)")
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
+                         "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index_long (prefill), hc_long "
+                         "(prefill), topk, compress, q4 (moe)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -527,6 +568,8 @@ def main() -> int:
         bench_moe_long("q2", bw, results, sweeps)
     if "q8" in cases:
         bench_q8(bw, l2, results, sweeps)
+    if "read" in cases:
+        bench_read(bw, l2, results)
     if "f16" in cases:
         bench_f16(bw, l2, results, sweeps)
     if "attend" in cases:

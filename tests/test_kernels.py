@@ -371,6 +371,18 @@ def test_q8_small(shape):
     _q8_check(T_GPU if GPU else (1, 2, 3, 6), *shape, seed=_seed(*shape))
 
 
+def test_q8_reads_a_misaligned_x():
+    """x whose storage starts 4 bytes past a 16-byte boundary (a view into a larger tensor): the same products as an
+    aligned copy (_q8_rows reads x by 16-byte loads; q8_matmul copies such an x first)."""
+    rng = np.random.default_rng(_seed("q8 misaligned"))
+    N, K = 64, 512
+    quants, scales = q8_triton.split_q8(torch.from_numpy(_random_q8_0(rng, N, K, 1 / K ** 0.5)).to(DEVICE), N, K)
+    flat = torch.from_numpy(rng.standard_normal(2 * K + 1).astype(np.float32)).to(DEVICE)
+    x = flat[1:].view(2, K)
+    assert x.data_ptr() % 16 == 4
+    assert torch.equal(q8_triton.q8_matmul(x, quants, scales, K), q8_triton.q8_matmul(x.clone(), quants, scales, K))
+
+
 def test_q8_split_k_by_min_programs():
     """A larger min programs (the third config entry) splits K further: attn_output_b's shape in 16 splits on the
     GPU, a small one in 8 under the interpreter; T = 1..4 (each row count of the split kernel)."""

@@ -77,6 +77,7 @@ import triton.language as tl
 from gguf import quants as gguf_quants
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+from ds4trt.plugins.kernels.wide_load import ld4
 
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 # ggml type -> (bytes per 256-value block, NS runs, L values per run); value k of a block is run k // L.
@@ -586,16 +587,6 @@ def _iq2_fields(p16, rh, sb):
 
 
 @triton.jit
-def _ld4(ptr):
-    """The four int32 words at ptr (16-byte aligned): one 128-bit load on the GPU."""
-    if ASM:
-        return tl.inline_asm_elementwise("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
-                                         dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-    else:
-        return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
-
-
-@triton.jit
 def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
     """acc [8, BR] += per group g and row of block sb: d (2s+1)/8 * the sum over its 4 runs of u * (the run's 8
     signed magnitudes . x's integers), x as _quant_runs stores it in the token's row xq_ptr (planes of D/8 words).
@@ -603,17 +594,17 @@ def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexp
     integer dot-product instructions (dp4a on h, dp2a on l) the run's sum exactly in int32
     (|XQ_LO * sum(w h) + sum(w l)| <= 8 * 43 * (127 * 2048 + 1024) < 2^27); one conversion and one FFMA per run;
     the group's fields and scale once for its 4 runs (a lane per group, the runs in the thread). A group's 4 runs
-    are 4 consecutive words of each of x's 7 planes: one 128-bit load per plane (_ld4)."""
+    are 4 consecutive words of each of x's 7 planes: one 128-bit load per plane (ld4)."""
     D: tl.constexpr = NSB * 256
     PS: tl.constexpr = D // 8
     r0 = xq_ptr + sb * 32 + 4 * tl.arange(0, 8)[:, None]                               # [8, 1]: group g's run 0
-    h0 = _ld4(r0)
-    h1 = _ld4(r0 + PS)
-    l0 = _ld4(r0 + 2 * PS)
-    l1 = _ld4(r0 + 3 * PS)
-    l2 = _ld4(r0 + 4 * PS)
-    l3 = _ld4(r0 + 5 * PS)
-    xu = _ld4(r0 + 6 * PS)
+    h0 = ld4(r0)
+    h1 = ld4(r0 + PS)
+    l0 = ld4(r0 + 2 * PS)
+    l1 = ld4(r0 + 3 * PS)
+    l2 = ld4(r0 + 4 * PS)
+    l3 = ld4(r0 + 5 * PS)
+    xu = ld4(r0 + 6 * PS)
     bw = lo.to(tl.int32) | (hi.to(tl.int32) << 16)                                    # B: signs | s << 28
     y = tl.zeros(acc.shape, tl.float32)
     for l in tl.static_range(4):
@@ -713,14 +704,14 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
         s_hi = tl.load(p32 + b + (2 * n + 1))                    # 8n+4 .. 8n+7
         dd = tl.load(p32 + b + 20)                               # f16 d | f16 dmin
         r0 = hq_ptr + (sb * 32 + 16 * n + 4 * i)                 # [8, 1]: runs 16n + 4j + i, j = 0..3 (_quant_h)
-        h0 = _ld4(r0)
-        h1 = _ld4(r0 + PS)
-        l0 = _ld4(r0 + 2 * PS)
-        l1 = _ld4(r0 + 3 * PS)
-        l2 = _ld4(r0 + 4 * PS)
-        l3 = _ld4(r0 + 5 * PS)
-        hu = _ld4(r0 + 6 * PS)
-        hs = _ld4(r0 + 7 * PS)
+        h0 = ld4(r0)
+        h1 = ld4(r0 + PS)
+        l0 = ld4(r0 + 2 * PS)
+        l1 = ld4(r0 + 3 * PS)
+        l2 = ld4(r0 + 4 * PS)
+        l3 = ld4(r0 + 5 * PS)
+        hu = ld4(r0 + 6 * PS)
+        hs = ld4(r0 + 7 * PS)
         ym = tl.zeros([8, BR], tl.float32)
         yn = tl.zeros([8, BR], tl.float32)
         for j in tl.static_range(4):

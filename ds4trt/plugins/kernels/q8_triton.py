@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+from ds4trt.plugins.kernels.wide_load import ld4
 
 QK, BLOCK_BYTES = 32, 34
 NB_STEP = 8                  # blocks per loop step of _q8_rows: 256 values, 64 words per row
@@ -57,7 +58,7 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528: attn_output_b 14.6 against
 # 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528): attn_q_b 27.9 us, LM head 369
 # against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
-ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (32, 4, 528), 4: (32, 4, 528)}
+ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528)}
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
@@ -96,20 +97,25 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     for step in range(0, STEPS):
         kb = (kb0 + step) * 8
         w = tl.load(w_ptr + woff + kb * 8)
-        d = tl.load(d_ptr + doff + kb).to(tl.float32) * 32768.0
+        d = tl.load(d_ptr + doff + kb).to(tl.float32)
         hi = w >> 16
         v0 = ((w & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS           # q * 2^-23
         v1 = ((w & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS         # q * 2^-15
         v2 = ((hi & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS
         v3 = ((hi & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS
         xp = x_row + kb * 32 + xoff
-        acc0 += _word_sums(v0, v1, v2, v3, xp, kb, K) * d
-        if TP > 1:
-            acc1 += _word_sums(v0, v1, v2, v3, xp + xs, kb, K) * d
-        if TP > 2:
-            acc2 += _word_sums(v0, v1, v2, v3, xp + 2 * xs, kb, K) * d
-        if TP > 3:
-            acc3 += _word_sums(v0, v1, v2, v3, xp + 3 * xs, kb, K) * d
+        if TP == 1:
+            acc0 += _word_sums(v0, v1, v2, v3, xp, kb, K) * (d * 32768.0)
+        else:       # the values d * q (exact) made once, then 4 FFMA per word and row of x
+            dl = d * 8388608.0
+            dh = d * 32768.0
+            v0, v1, v2, v3 = v0 * dl, v1 * dh, v2 * dl, v3 * dh
+            acc0 = _word_fma(acc0, v0, v1, v2, v3, xp, kb, K)
+            acc1 = _word_fma(acc1, v0, v1, v2, v3, xp + xs, kb, K)
+            if TP > 2:
+                acc2 = _word_fma(acc2, v0, v1, v2, v3, xp + 2 * xs, kb, K)
+            if TP > 3:
+                acc3 = _word_fma(acc3, v0, v1, v2, v3, xp + 3 * xs, kb, K)
     out_rows = row0 + tl.arange(0, BR)
     o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
     omask = out_rows < N
@@ -134,16 +140,33 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
 
 
 @triton.jit
+def _word_x(xp, kb, K: tl.constexpr):
+    """x at the 4 bytes of each word: xp [8, 8, 1] the pointers to x at byte 0 (16-byte aligned) -> 4 x [8, 8, 1]
+    float32, one 128-bit load each when K fills the padded row, else masked loads (the padded blocks past K, q = 0
+    and d = 0, must not read past x)."""
+    if K % 256 == 0:
+        x0, x1, x2, x3 = ld4(xp.to(tl.pointer_type(tl.int32)))
+        return (x0.to(tl.float32, bitcast=True), x1.to(tl.float32, bitcast=True), x2.to(tl.float32, bitcast=True),
+                x3.to(tl.float32, bitcast=True))
+    m = kb + tl.arange(0, 8)[None, :, None] < K // 32
+    return (tl.load(xp, mask=m, other=0.0), tl.load(xp + 1, mask=m, other=0.0), tl.load(xp + 2, mask=m, other=0.0),
+            tl.load(xp + 3, mask=m, other=0.0))
+
+
+@triton.jit
 def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
     """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [8, 8, BR] (bytes 0..3 of each word,
     q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [8, 8, 1] the pointers to x at byte 0 of each word -> [8, 8, BR]."""
-    if K % 256 == 0:
-        x0, x1, x2, x3 = tl.load(xp), tl.load(xp + 1), tl.load(xp + 2), tl.load(xp + 3)
-    else:                                       # the padded blocks past K (q = 0, d = 0) must not read past x
-        m = kb + tl.arange(0, 8)[None, :, None] < K // 32
-        x0, x1 = tl.load(xp, mask=m, other=0.0), tl.load(xp + 1, mask=m, other=0.0)
-        x2, x3 = tl.load(xp + 2, mask=m, other=0.0), tl.load(xp + 3, mask=m, other=0.0)
+    x0, x1, x2, x3 = _word_x(xp, kb, K)
     return (v0 * x0 + v2 * x2) * 256.0 + (v1 * x1 + v3 * x3)
+
+
+@triton.jit
+def _word_fma(acc, p0, p1, p2, p3, xp, kb, K: tl.constexpr):
+    """acc [8, 8, BR] + the sum over each word's 4 bytes of (d * q) * x: p0..p3 the values d * q of bytes 0..3 of
+    each word, xp as in _word_sums."""
+    x0, x1, x2, x3 = _word_x(xp, kb, K)
+    return acc + p0 * x0 + p1 * x1 + p2 * x2 + p3 * x3
 
 
 @triton.jit
@@ -275,6 +298,8 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     T = x.shape[0]
     rows_per_group = N // groups
     x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
+    if x.data_ptr() % 16:                   # _q8_rows reads x by 16-byte loads
+        x = x.clone()
     if out is None:
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
