@@ -22,9 +22,12 @@ products through shared memory).
 
 Decoding in _q8_rows (T <= 4 rows of x per launch), per value: byte u = q + 128 is put in the low mantissa bits of
 1.0f (bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
-f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz), so each product with x is
-one FADD + one FFMA, exact up to the float32 product rounding; the two units are joined per word and the block
-scale d is applied to the word sums. Each word is decoded once for the T rows of x. When N is small the K range
+f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz). At T = 1 each product with x
+is then one FFMA, the two units are joined per word and the block scale d is applied to the word sums; at T >= 2 the
+values d * q (exact: 8 x 11 significant bits) are made once per word and each row of x costs 4 FFMA per word. Each
+word is decoded once for the T rows of x, whose 4 values of a word are one 128-bit load (wide_load.ld4; sm_90 loop
+of 8 blocks at T = 1..4: 169 / 445 / 523 / 600 instructions, 193 / 476 / 612 / 743 with scalar x loads and the
+per-word scaling at every T). When N is small the K range
 is split over several programs (at least MIN_PROGRAMS in all), and the last program of each row tile to finish
 adds the partial sums in a fixed order (deterministic: an atomic counter says which program is last, the sum does
 not depend on it).
@@ -57,7 +60,9 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us, LM head 159 us (83 % of the
 # floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528: attn_output_b 14.6 against
 # 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528): attn_q_b 27.9 us, LM head 369
-# against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs.
+# against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs. With the 4-FFMA loop of T >= 2
+# (2026-12-01, BENCHMARKS.md): T = 3 at (16, 4, 528) attn_output_b 22.7 us, LM head 311 against 35.2 / 408 at
+# (32, 4, 528) (attn_q_b 26.0 / 25.6); T = 2 and 4 keep (32, 4, 528).
 ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528)}
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
