@@ -14,8 +14,9 @@ zeros; the kernels' time does not depend on the values):
       routing; a long call, timed eagerly);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
-     product, which the copy bandwidth's floor does not include: the ramp and tail of one launch); the F16 products of a layer (router,
-     compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one matrix), T = 1..4;
+     product, with the ramp and tail of one launch that the copy bandwidth's floor leaves out); the F16 products of
+     a layer (router, compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one
+     matrix), T = 1..4;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
   2c. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
       chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py

@@ -22,15 +22,14 @@ products through shared memory).
 
 Decoding in _q8_rows (T <= 4 rows of x per launch), per value: byte u = q + 128 is put in the low mantissa bits of
 1.0f (bits 0..7 for bytes 0 and 2 of a 32-bit word, bits 8..15 for bytes 1 and 3: one LOP3 or PRMT each), giving
-f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz). At T = 1 each product with x
-is then one FFMA, the two units are joined per word and the block scale d is applied to the word sums; at T >= 2 the
-values d * q (exact: 8 x 11 significant bits) are made once per word and each row of x costs 4 FFMA per word. Each
-word is decoded once for the T rows of x, whose 4 values of a word are one 128-bit load (wide_load.ld4; sm_90 loop
-of 8 blocks at T = 1..4: 169 / 445 / 523 / 600 instructions, 193 / 476 / 612 / 743 with scalar x loads and the
-per-word scaling at every T). When N is small the K range
-is split over several programs (at least MIN_PROGRAMS in all), and the last program of each row tile to finish
-adds the partial sums in a fixed order (deterministic: an atomic counter says which program is last, the sum does
-not depend on it).
+f = 1 + u * 2^-23 (or 2^-15); f - (1 + 128 * 2^-23) is q * 2^-23 exactly (Sterbenz). At T = 1 a word's 4 products
+with x are summed in the two units, joined, and the block scale d is applied to the word sum (6 FMUL / FFMA); at
+T >= 2 the values d * q (exact: 8 x 11 significant bits) are made once per word and each row of x costs 4 FFMA per
+word. Each word is decoded once for the T rows of x, whose 4 values of a word are one 128-bit load (wide_load.ld4;
+sm_90 loop of 8 blocks at T = 1..4: 169 / 445 / 523 / 600 instructions, against 193 / 476 / 612 / 743 with scalar x
+loads and the T = 1 form at every T). When N is small the K range is split over several programs (at least
+MIN_PROGRAMS in all), and the last program of each row tile to finish adds the partial sums in a fixed order
+(deterministic: an atomic counter says which program is last, the sum does not depend on it).
 T > 4 (verify of 4+ drafts, prefill chunks of <= 16 tokens): one launch per LAUNCH_T rows of x, each reading W
 again. The tensor-core kernel this replaced (a [64, 128] tile of gathered bytes times x [128, 16] per step) took
 211-216 us for the 32 MB projections and 3.3 ms for the LM head at T = 5 and at T = 9, where the 4-row kernel
