@@ -587,6 +587,14 @@ def _iq2_fields(p16, rh, sb):
 
 
 @triton.jit
+def _ld_run_planes(r0, PS: tl.constexpr):
+    """The 4 consecutive runs at r0 (int32 pointers) of each of _quant_runs's 7 planes of PS words (h words 0, 1, l
+    words 0..3, u): one 128-bit load (ld4) per plane -> 7 quads of int32 tensors shaped like r0."""
+    return (ld4(r0), ld4(r0 + PS), ld4(r0 + 2 * PS), ld4(r0 + 3 * PS), ld4(r0 + 4 * PS), ld4(r0 + 5 * PS),
+            ld4(r0 + 6 * PS))
+
+
+@triton.jit
 def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
     """acc [8, BR] += per group g and row of block sb: d (2s+1)/8 * the sum over its 4 runs of u * (the run's 8
     signed magnitudes . x's integers), x as _quant_runs stores it in the token's row xq_ptr (planes of D/8 words).
@@ -598,13 +606,7 @@ def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexp
     D: tl.constexpr = NSB * 256
     PS: tl.constexpr = D // 8
     r0 = xq_ptr + sb * 32 + 4 * tl.arange(0, 8)[:, None]                               # [8, 1]: group g's run 0
-    h0 = ld4(r0)
-    h1 = ld4(r0 + PS)
-    l0 = ld4(r0 + 2 * PS)
-    l1 = ld4(r0 + 3 * PS)
-    l2 = ld4(r0 + 4 * PS)
-    l3 = ld4(r0 + 5 * PS)
-    xu = ld4(r0 + 6 * PS)
+    h0, h1, l0, l1, l2, l3, xu = _ld_run_planes(r0, PS)
     bw = lo.to(tl.int32) | (hi.to(tl.int32) << 16)                                    # B: signs | s << 28
     y = tl.zeros(acc.shape, tl.float32)
     for l in tl.static_range(4):
@@ -704,13 +706,7 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
         s_hi = tl.load(p32 + b + (2 * n + 1))                    # 8n+4 .. 8n+7
         dd = tl.load(p32 + b + 20)                               # f16 d | f16 dmin
         r0 = hq_ptr + (sb * 32 + 16 * n + 4 * i)                 # [8, 1]: runs 16n + 4j + i, j = 0..3 (_quant_h)
-        h0 = ld4(r0)
-        h1 = ld4(r0 + PS)
-        l0 = ld4(r0 + 2 * PS)
-        l1 = ld4(r0 + 3 * PS)
-        l2 = ld4(r0 + 4 * PS)
-        l3 = ld4(r0 + 5 * PS)
-        hu = ld4(r0 + 6 * PS)
+        h0, h1, l0, l1, l2, l3, hu = _ld_run_planes(r0, PS)
         hs = ld4(r0 + 7 * PS)
         ym = tl.zeros([8, BR], tl.float32)
         yn = tl.zeros([8, BR], tl.float32)
