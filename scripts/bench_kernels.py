@@ -81,10 +81,13 @@ LONG_SWEEP = ((32, 128, 8, 1), (64, 128, 8, 1), (16, 128, 8, 1), (32, 256, 16, 1
 SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
                 (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
                 (64, 8, None, False))
-# (rows per program, warps[, min programs: K is split until there are that many]) of the Q8_0 kernel, by T
-Q8_SWEEP = {1: ((32, 4), (64, 4), (64, 8), (16, 4, 528), (16, 4, 2112), (16, 8, 1056)),
-            2: ((16, 4, 528), (16, 4, 1056), (32, 4, 1056)), 3: ((16, 4, 528), (16, 4, 1056), (32, 4, 1056)),
-            4: ((16, 4), (32, 8), (32, 4, 1056), (32, 4, 2112))}
+# (rows per program, warps[, min programs: K is split until there are that many[, prefetch: the next step's words
+# loaded during this one]]) of the Q8_0 kernel, by T
+Q8_SWEEP = {1: ((16, 4, 1056, 1), (32, 4, 1056, 1), (16, 4, 528, 1), (16, 8, 1056, 1), (32, 4, 528, 1), (32, 4),
+                (16, 4, 528), (16, 4, 2112)),
+            2: ((32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1), (16, 4, 528)),
+            3: ((16, 4, 528, 1), (16, 4, 1056, 1), (32, 4, 528, 1), (32, 4, 528)),
+            4: ((32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1), (32, 4, 1056))}
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),

@@ -35,11 +35,15 @@ def shape(text: str) -> tuple:
     return tuple(p == "1" if i == 2 else int(p) for i, p in enumerate(parts))
 
 
+def q8_shape(text: str) -> tuple:
+    return tuple(int(p) for p in text.split(":"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
-    ap.add_argument("--q8", nargs="*", type=shape, default=None,
-                    help="Q8_0 shapes rows:warps[:min programs] (default: ROWS_CONFIG's at each --q8-t)")
+    ap.add_argument("--q8", nargs="*", type=q8_shape, default=None,
+                    help="Q8_0 shapes rows:warps[:min programs[:prefetch]] (default: ROWS_CONFIG's at each --q8-t)")
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
@@ -81,11 +85,12 @@ def main() -> int:
                        W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for T in args.q8_t:
-        for br, warps, *min_programs in args.q8 or [Q.ROWS_CONFIG[T]]:   # the default: q8_matmul's launch
+        for br, warps, *rest in args.q8 or [Q.ROWS_CONFIG[T]]:   # the default: q8_matmul's launch
+            pf = len(rest) > 1 and bool(rest[1])
             for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)
-                _, steps, splits = Q.row_launch(n, k, br, *min_programs)
-                report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}",
-                       W.q8_rows(k, br, warps, steps // splits, splits, T, N=n))
+                _, steps, splits = Q.row_launch(n, k, br, *rest[:1])
+                report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else ""),
+                       W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
     report("index_score_1025", W.index_score(1025))  # the indexer's scores of a decode step, 4096-token cache

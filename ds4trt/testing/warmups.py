@@ -78,9 +78,9 @@ def dequant_rows(t: int):
     return M._dequant_rows.warmup(U8, F32, 96, 4096, I16, U8, TYPE=t, BS=bs, NS=ns, L=l, BR=16, **LAUNCH)
 
 
-def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int = 4096):
+def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int = 4096, pf: bool = False):
     return q8_triton._q8_rows.warmup(F32, U8, F16, F32, F32, I32, N, N, q8_triton.ONE_BITS, K=K, BR=br, STEPS=steps,
-                                     SPLITS=splits, TP=T, num_warps=warps, **LAUNCH)
+                                     SPLITS=splits, TP=T, PF=pf, num_warps=warps, **LAUNCH)
 
 
 def dequant_parts(K: int, N: int = 4096):

@@ -55,14 +55,17 @@ SPAN = NB_STEP * QK          # values of a row that split_q8 word-interleaves (o
 ONE_BITS = 0x3F800000        # bits of 1.0f, a kernel argument so that AND and OR fuse into one LOP3
 LO_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -23)     # f of u = 128 (q = 0) with the byte in bits 0..7
 HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
-# (rows per program, warps, min programs) of _q8_rows by rows per launch (1..LAUNCH_T). From the sweeps of
+# (rows per program, warps, min programs[, prefetch]) of _q8_rows by rows per launch (1..LAUNCH_T). From the sweeps of
 # scripts/bench_kernels.py on the H200 (2026-11-29): T = 1 at (16, 4): attn_q_b 13.1 us, LM head 159 us (83 % of the
 # floor), against 15.0 / 167 at (32, 4); splitting K to 1056 programs rather than 528: attn_output_b 14.6 against
 # 18.8 us, the shared expert's 7.5 -> 6.9 (2112: 16.0 / 7.7); T = 4 at (32, 4, 528): attn_q_b 27.9 us, LM head 369
 # against 32.5 / 402 at (16, 4), attn_output_b 29.9 against 34.2 at 1056 programs. With the 4-FFMA loop of T >= 2
 # (2026-12-01, BENCHMARKS.md): T = 3 at (16, 4, 528) attn_output_b 22.7 us, LM head 311 against 35.2 / 408 at
-# (32, 4, 528) (attn_q_b 26.0 / 25.6); T = 2 and 4 keep (32, 4, 528).
-ROWS_CONFIG = {1: (16, 4, 1056), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528)}
+# (32, 4, 528) (attn_q_b 26.0 / 25.6); T = 2 and 4 keep (32, 4, 528). A fourth entry, prefetch (PF: each step's
+# words and scales loaded one step ahead, ~16 more registers at T = 1), at (32, 4, 528) (2026-12-02): T = 1
+# attn_output_a / b 13.85 / 13.88 -> 12.52 / 12.58 us, the shared gate 6.94 -> 5.96, attn_q_b 12.14 -> 11.81 (at (16,
+# 4, 1056) it was slower); T = 4 ~1 us faster; T = 2 no gain and T = 3 much slower with it.
+ROWS_CONFIG = {1: (32, 4, 528, True), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528, True)}
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
@@ -72,7 +75,8 @@ X_PARTS_BT, X_PARTS_BK = 16, 256                  # x_bf16_parts' tile: rows, in
 
 @triton.jit
 def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, K: tl.constexpr,
-             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
+             BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr, PF: tl.constexpr,
+             PDL: tl.constexpr):
     """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of 8
     blocks from split*STEPS*8 on (split_q8's layout: a step is 64 words, word j of block b at 8*j + b).
     Tile [word j, block b, row], rows last: Triton orders a tile's dims by contiguity, then by position, so each lane
@@ -80,7 +84,9 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     same layout; lanes go to j and then rows, warps and registers to rows. Each word decoded once for all x rows.
     SPLITS > 1: each program stores its partial sums in part[split] and counts itself in cnt[i] (an atomic); the
     last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
-    back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it)."""
+    back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it).
+    PF: each step's words and scales are loaded during the step before (its latency hidden behind that step's math;
+    a program of K = 1024 has only 4 steps, so without it a good part of its time is 4 waits on memory)."""
     pdl_enter(PDL)
     KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     row0 = tl.program_id(0) * BR
@@ -98,10 +104,19 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     acc1 = tl.zeros([8, 8, BR], tl.float32)
     acc2 = tl.zeros([8, 8, BR], tl.float32)
     acc3 = tl.zeros([8, 8, BR], tl.float32)
+    if PF:                                  # this program's first step, loaded before the loop
+        w_next = tl.load(w_ptr + woff + kb0 * 64)
+        d_next = tl.load(d_ptr + doff + kb0 * 8)
     for step in range(0, STEPS):
         kb = (kb0 + step) * 8
-        w = tl.load(w_ptr + woff + kb * 8)
-        d = tl.load(d_ptr + doff + kb).to(tl.float32)
+        if PF:                              # the next step's words and scales in flight during this one's math
+            w, d = w_next, d_next.to(tl.float32)
+            kn = tl.minimum(kb + 8, (kb0 + STEPS - 1) * 8)
+            w_next = tl.load(w_ptr + woff + kn * 8)
+            d_next = tl.load(d_ptr + doff + kn)
+        else:
+            w = tl.load(w_ptr + woff + kb * 8)
+            d = tl.load(d_ptr + doff + kb).to(tl.float32)
         hi = w >> 16
         v0 = ((w & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS           # q * 2^-23
         v1 = ((w & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS         # q * 2^-15
@@ -288,7 +303,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
-    programs: K is split until there are that many]) of every launch, overriding ROWS_CONFIG (sweeps)."""
+    programs: K is split until there are that many[, prefetch]]) of every launch, overriding ROWS_CONFIG (sweeps)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -310,7 +325,10 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     for t0 in range(0, T, LAUNCH_T):
         tp = min(LAUNCH_T, T - t0)
-        br, warps, min_programs = (*(config or ROWS_CONFIG[tp]), MIN_PROGRAMS)[:3]
+        cfg = tuple(config or ROWS_CONFIG[tp])
+        br, warps = cfg[:2]
+        min_programs = cfg[2] if len(cfg) > 2 else MIN_PROGRAMS
+        pf = bool(cfg[3]) if len(cfg) > 3 else False
         if not 1 <= min_programs <= COUNTER_SLOTS:
             raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
         if groups > 1 and rows_per_group % br:
@@ -319,7 +337,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         o = out[t0:t0 + tp]                                                             # [tp, N], contiguous
         part = o if splits == 1 else torch.empty(splits, tp, N, dtype=torch.float32, device=x.device)
         _q8_rows[(tiles, splits)](x[t0:t0 + tp], quants, scales, o, part, _counters(x.device), N, rows_per_group,
-                                  ONE_BITS, K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=tp,
+                                  ONE_BITS, K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=tp, PF=pf,
                                   num_warps=warps, **pdl_launch(x.device))
     return out
 
