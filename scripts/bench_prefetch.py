@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ds4trt.model.numerics import rms_norm  # noqa: E402
 from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+from bench_kernels import _read_words  # noqa: E402  (this script's folder is on sys.path)
 
 DEV = "cuda"
 PROGRAMS = 64           # one-warp programs of a prefetch launch
@@ -91,17 +92,6 @@ def l2_prefetch(tensors, programs: int = PROGRAMS, mode: str = "bulk") -> None:
             grid = triton.cdiv(triton.cdiv(nbytes, chunk), lanes)
         _prefetch[(grid,)](t.view(torch.uint8).reshape(-1), nbytes, _SINK[dev], CHUNK=chunk, LANES=lanes,
                            BULK=mode == "bulk", num_warps=1)
-
-
-@triton.jit
-def _read_words(w_ptr, out_ptr, n, CH: tl.constexpr, BW: tl.constexpr):
-    """Program p sums words p*CH .. p*CH+CH-1 of w (int32) and stores the sum: a streaming read."""
-    base = tl.program_id(0).to(tl.int64) * CH
-    acc = tl.zeros([BW], tl.int32)
-    for k in range(0, CH, BW):
-        i = base + k + tl.arange(0, BW)
-        acc += tl.load(w_ptr + i, mask=i < n, other=0)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
 def stream_read(t: torch.Tensor, programs: int = 1056) -> None:
