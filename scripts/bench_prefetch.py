@@ -84,21 +84,20 @@ def l2_prefetch(tensors, programs: int = PROGRAMS, mode: str = "bulk") -> None:
         if dev not in _SINK:
             _SINK[dev] = torch.zeros(1, dtype=torch.int32, device=t.device)
         lanes = 32
-        if mode == "bulk":
-            chunk = triton.cdiv(triton.cdiv(nbytes, programs * lanes), 16) * 16
-            grid = triton.cdiv(triton.cdiv(nbytes, chunk), lanes)
-        else:
-            chunk = LINE
-            grid = triton.cdiv(triton.cdiv(nbytes, chunk), lanes)
+        chunk = triton.cdiv(triton.cdiv(nbytes, programs * lanes), 16) * 16 if mode == "bulk" else LINE
+        grid = triton.cdiv(triton.cdiv(nbytes, chunk), lanes)
         _prefetch[(grid,)](t.view(torch.uint8).reshape(-1), nbytes, _SINK[dev], CHUNK=chunk, LANES=lanes,
                            BULK=mode == "bulk", num_warps=1)
 
 
 def stream_read(t: torch.Tensor, programs: int = 1056) -> None:
+    """A plain streaming read of t's bytes by another kernel (bench_kernels' case `read`)."""
     w = t.view(torch.int32).reshape(-1)
     ch = triton.cdiv(triton.cdiv(w.numel(), programs), 512) * 512
     out = torch.empty(triton.cdiv(w.numel(), ch), dtype=torch.int32, device=t.device)
     _read_words[(out.numel(),)](w, out, w.numel(), CH=ch, BW=512, num_warps=4)
+
+
 D, S = 4096, 4
 PROJ = {"qakv": (1536, 4096, 1), "qb": (32768, 1024, 1), "outa": (8192, 4096, 8), "outb": (4096, 8192, 1)}
 MODES = (("bulk", 16), ("bulk", 64), ("bulk", 264), ("line", 0))
@@ -147,7 +146,7 @@ def main() -> int:
     def forked(c, keys, mode, programs):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            l2_prefetch(tensors(c, keys), programs=programs or 64, mode=mode)
+            l2_prefetch(tensors(c, keys), programs=programs or PROGRAMS, mode=mode)
 
     def join():
         torch.cuda.current_stream().wait_stream(side)
@@ -165,7 +164,7 @@ def main() -> int:
         two = ms_per(lambda: [(q8(c, k), q8(c, k)) for c in range(C)], C)
         after = {}
         for label, fetch in (("read", lambda c: [stream_read(a) for a in W[c][k]]),
-                             ("bulk", lambda c: l2_prefetch(W[c][k], programs=64)),
+                             ("bulk", lambda c: l2_prefetch(W[c][k])),
                              ("line", lambda c: l2_prefetch(W[c][k], mode="line"))):
             alone = ms_per(lambda: [fetch(c) for c in range(C)], C)
             after[label] = ms_per(lambda: [(fetch(c), q8(c, k)) for c in range(C)], C) - alone
@@ -192,7 +191,7 @@ def main() -> int:
 
             def pf_main(keys=keys, mode=mode, programs=programs):
                 for c in range(C):
-                    l2_prefetch(tensors(c, keys), programs=programs or 64, mode=mode)
+                    l2_prefetch(tensors(c, keys), programs=programs or PROGRAMS, mode=mode)
                     chain(c)
                     for k in keys:
                         q8(c, k)
@@ -200,7 +199,7 @@ def main() -> int:
 
             def warm(with_q8, keys=keys, mode=mode, programs=programs):
                 for c in range(C):
-                    l2_prefetch(tensors(c, keys), programs=programs or 64, mode=mode)
+                    l2_prefetch(tensors(c, keys), programs=programs or PROGRAMS, mode=mode)
                     chain(c, 3)
                     if with_q8:
                         for k in keys:
@@ -210,7 +209,7 @@ def main() -> int:
             rows.append((f"{name}: warm/{tag}", a - b))
             print(f"{name + ': warm/' + tag:40s} {a - b:9.2f} us  (prefetch + chain x3: {b:.2f})", flush=True)
 
-    def layer(pf, mode="bulk", programs=64):
+    def layer(pf, mode="bulk", programs=PROGRAMS):
         for c in range(C):
             if pf:
                 forked(c, ("qakv", "qb"), mode, programs)

@@ -85,10 +85,10 @@ def main() -> int:
                        W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for T in args.q8_t:
-        for br, warps, *rest in args.q8 or [Q.ROWS_CONFIG[T]]:   # the default: q8_matmul's launch
-            pf = len(rest) > 1 and bool(rest[1])
+        for config in args.q8 or [Q.ROWS_CONFIG[T]]:          # the default: q8_matmul's launch
+            br, warps, min_programs, pf = Q.launch_fields(config)
             for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)
-                _, steps, splits = Q.row_launch(n, k, br, *rest[:1])
+                _, steps, splits = Q.row_launch(n, k, br, min_programs)
                 report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else ""),
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4

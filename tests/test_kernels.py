@@ -842,9 +842,10 @@ def test_every_variant_compiles_for_sm90():
                 ok(W.moe_gateup_single(gt, ut, dt, D, F, gbr, gw, gpf, compact=True))
             ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
-            for T, (br, w, _, *pf) in Q.ROWS_CONFIG.items():
+            for T, config in Q.ROWS_CONFIG.items():
+                br, w, _, pf = Q.launch_fields(config)
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
-                    ok(W.q8_rows(K, br, w, steps, splits, T, pf=bool(pf and pf[0])))
+                    ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf))
             ok(W.dequant_parts(K))
             ok(W.x_parts(K, 8))
         ok(W.head_norm_rope(64, 512, 64))
@@ -876,8 +877,9 @@ def test_every_variant_compiles_for_sm90():
                 if t != 16:                           # the down kernels (Q2_K, Q4_K)
                     ok(W.moe_down_single(t, 4096, 2048, br, w, pf))
         for T, configs in Q8_SWEEP.items():
-            for br, w, *rest in configs:
-                ok(W.q8_rows(4096, br, w, 2, 8, T, pf=len(rest) > 1 and bool(rest[1])))
+            for config in configs:
+                br, w, _, pf = Q.launch_fields(config)
+                ok(W.q8_rows(4096, br, w, 2, 8, T, pf=pf))
         for ks, ch, w in ATTEND_SWEEP:
             ok(W.attend_part(1153, ks, ch, w))
         for config in ATTEND_LONG_SWEEP:
@@ -898,10 +900,10 @@ def test_every_variant_compiles_for_sm90():
                 ("_moe_gateup_single spills", gt)
             assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
                 ("_moe_down_single spills", dt)
-        for T, (br, w, _, *pf) in Q.ROWS_CONFIG.items():
+        for T, config in Q.ROWS_CONFIG.items():
+            br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):
-                assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=bool(pf and pf[0]))) == 0, \
-                    ("_q8_rows spills", T, splits)
+                assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf)) == 0, ("_q8_rows spills", T, splits)
         print("compiled", n)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -111,7 +111,7 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
         kb = (kb0 + step) * 8
         if PF:                              # the next step's words and scales in flight during this one's math
             w, d = w_next, d_next.to(tl.float32)
-            kn = tl.minimum(kb + 8, (kb0 + STEPS - 1) * 8)
+            kn = tl.minimum(kb + 8, (kb0 + STEPS - 1) * 8)     # the last step loads itself again: never past the range
             w_next = tl.load(w_ptr + woff + kn * 8)
             d_next = tl.load(d_ptr + doff + kn)
         else:
@@ -251,6 +251,13 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
+def launch_fields(config: tuple) -> tuple[int, int, int, bool]:
+    """A launch config (rows per program, warps[, min programs[, prefetch]]), as in ROWS_CONFIG -> all four fields,
+    the missing ones at their defaults (MIN_PROGRAMS, no prefetch)."""
+    br, warps, *rest = config
+    return br, warps, rest[0] if rest else MIN_PROGRAMS, bool(rest[1]) if len(rest) > 1 else False
+
+
 def row_launch(N: int, K: int, br: int, min_programs: int = MIN_PROGRAMS) -> tuple[int, int, int]:
     """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
     K is split until there are min_programs programs, by a divisor of the steps (no partial split)."""
@@ -325,10 +332,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     for t0 in range(0, T, LAUNCH_T):
         tp = min(LAUNCH_T, T - t0)
-        cfg = tuple(config or ROWS_CONFIG[tp])
-        br, warps = cfg[:2]
-        min_programs = cfg[2] if len(cfg) > 2 else MIN_PROGRAMS
-        pf = bool(cfg[3]) if len(cfg) > 3 else False
+        br, warps, min_programs, pf = launch_fields(config or ROWS_CONFIG[tp])
         if not 1 <= min_programs <= COUNTER_SLOTS:
             raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
         if groups > 1 and rows_per_group % br:
