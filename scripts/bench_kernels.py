@@ -78,9 +78,10 @@ TS = (1, 2, 3, 4, 8, 16)
 LONG_SWEEP = ((32, 128, 8, 1), (64, 128, 8, 1), (16, 128, 8, 1), (32, 256, 16, 1), (32, 128, 8, 2), (64, 64, 8, 1),
               (32, 64, 8, 1), (128, 128, 8, 1))
 # (rows per program, warps, register cap, prefetch) of the one-pair MoE kernels at T = 1, each block type in turn
-SINGLE_SWEEP = ((8, 4, None, False), (16, 4, None, False), (16, 4, None, True), (16, 8, None, False),
-                (32, 4, None, False), (32, 4, None, True), (32, 8, None, False), (32, 8, None, True),
-                (64, 8, None, False))
+SINGLE_SWEEP = ((16, 2, None, False), (32, 2, None, False), (8, 2, None, False), (16, 1, None, False),
+                (32, 4, None, False), (64, 4, None, False), (8, 4, None, False), (16, 4, None, False),
+                (16, 4, None, True), (16, 8, None, False), (32, 4, None, True), (32, 8, None, False),
+                (32, 8, None, True), (64, 8, None, False))
 # (rows per program, warps[, min programs: K is split until there are that many[, prefetch: the next step's words
 # loaded during this one]]) of the Q8_0 kernel, by T
 Q8_SWEEP = {1: ((16, 4, 1056, 1), (32, 4, 1056, 1), (16, 4, 528, 1), (16, 8, 1056, 1), (32, 4, 528, 1), (32, 4),
@@ -224,11 +225,12 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
-            if sweeps is not None and routing == "random" and T == 1:
-                # one-pair kernels: each block type of the mix in turn, the others at their defaults
-                for t in sorted(set(types)):
+            if sweeps is not None and routing == "random" and T <= 4:
+                # one-pair kernels: each block type of the mix in turn, the others at their defaults; at T = 2..4
+                # (verify) the types whose tiles SHORT_CONFIG sets for calls of 2..16 tokens
+                for t in sorted(set(types) if T == 1 else set(types) & set(M.SHORT_CONFIG)):
                     for cfg in SINGLE_SWEEP:
-                        if cfg == M.SINGLE_CONFIG[t]:
+                        if cfg == (M.SHORT_CONFIG if T > 1 else M.SINGLE_CONFIG)[t]:
                             continue
                         sc = {t: cfg}
                         sweeps.append(lambda sc=sc, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(

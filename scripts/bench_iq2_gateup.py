@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Does the decode gate/up loop gain from IQ2_XXS blocks rearranged on the device? (H200, one Flash layer, T = 1)
+"""Alternatives of the decode IQ2_XXS gate/up loop, timed on the H200 (one Flash layer, T = 1): the blocks
+rearranged on the device, and the K range split over several programs.
 
-    python3 scripts/bench_iq2_layout.py [--rows 16,32] [--warps 4]
+    python3 scripts/bench_iq2_gateup.py [--rows 16,32] [--warps 4] [--splits 16:4:1,16:4:2,...]
 
 The one-pair gate/up loop (moe_triton._iq2_dp_pair) reads each block's fields as five 2-byte loads per lane (the
 66-byte GGUF blocks are only 2-byte aligned), spread over 4 rows' blocks 1056 bytes apart per warp. Kept apart on
@@ -10,6 +11,11 @@ rows 256 contiguous bytes, and d one 2-byte load from its own array: records int
 [E, D/256, F] (the same bytes). This script times the two layouts with the same arithmetic (_iq2_dp_block) in
 stripped-down kernels (6 pairs, gate and up, swiglu into float h; no routing), each graph replaying R calls over
 R expert sets larger together than 4x the L2, and checks the outputs agree bit for bit.
+
+--splits (rows:warps:splits, ...): the GGUF layout's loop with the 16 blocks of a row split over `splits` programs
+(more programs in flight, each a shorter chain of dependent steps): each stores its partial gate and up sums, and the
+last of a row tile's programs to arrive (an atomic count, as in q8_triton._q8_rows) adds them in split order; its
+outputs are compared with the unsplit kernel's (float32 sums in another order: to 1e-6 relative).
 """
 
 import argparse
@@ -76,6 +82,43 @@ def _gateup_rep(ids_ptr, grec, gd, urec, ud, xq_ptr, dp_ptr, g_out, u_out, F: tl
     tl.store(u_out + r, tl.sum(acc_u, axis=0))
 
 
+@triton.jit
+def _gateup_split(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, part_ptr, cnt_ptr, expert_bytes,
+                  F: tl.constexpr, NSB: tl.constexpr, BR: tl.constexpr, SPLITS: tl.constexpr):
+    pair = tl.program_id(0)
+    tile = tl.program_id(1)
+    split = tl.program_id(2)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    row0 = tile * BR
+    g16 = (gate_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
+    u16 = (up_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
+    rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
+    acc_g = tl.zeros([8, BR], tl.float32)
+    acc_u = tl.zeros([8, BR], tl.float32)
+    STEPS: tl.constexpr = NSB // SPLITS
+    for i in range(0, STEPS):
+        sb = split * STEPS + i
+        ga01, ga23, glo, ghi, gd = M._iq2_fields(g16, rh, sb)
+        ua01, ua23, ulo, uhi, ud = M._iq2_fields(u16, rh, sb)
+        acc_g = M._iq2_dp_block(acc_g, ga01, ga23, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
+        acc_u = M._iq2_dp_block(acc_u, ua01, ua23, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
+    r = pair * F + row0 + tl.arange(0, BR)
+    P = tl.num_programs(0) * F                                          # values of one split's g (or u) partials
+    tl.store(part_ptr + split * 2 * P + r, tl.sum(acc_g, axis=0))
+    tl.store(part_ptr + (split * 2 + 1) * P + r, tl.sum(acc_u, axis=0))
+    tl.debug_barrier()
+    c = pair * tl.num_programs(1) + tile
+    if tl.atomic_add(cnt_ptr + c, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        g = tl.zeros([BR], tl.float32)
+        u = tl.zeros([BR], tl.float32)
+        for s in tl.static_range(SPLITS):
+            g += tl.load(part_ptr + s * 2 * P + r, cache_modifier=".cg")
+            u += tl.load(part_ptr + (s * 2 + 1) * P + r, cache_modifier=".cg")
+        tl.store(g_out + r, g)
+        tl.store(u_out + r, u)
+        tl.atomic_xchg(cnt_ptr + c, 0)
+
+
 def rearrange(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 [E, F, NSB * 66] -> (records int64 [E, NSB, F, 8], d f16 [E, NSB, F])."""
     b = blocks.view(E, F, NSB, 66).permute(0, 2, 1, 3)
@@ -87,6 +130,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="16,32", help="rows per program to time (comma list)")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--splits", default="", help="rows:warps:splits configs of the split loop (comma list)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(1)
     gate = random_blocks(M.IQ2_XXS, F, D, lead=E, gen=gen).view(E, F, -1)
@@ -122,6 +166,24 @@ def main() -> int:
         finite = all(bool(torch.isfinite(a).all()) for a in outs["gguf"])
         print(f"rows {br:3d} warps {args.warps}: GGUF layout {t_gguf:6.2f} us, rearranged {t_rep:6.2f} us "
               f"({t_gguf / t_rep:.2f}x); outputs identical: {same}, finite: {finite}")
+    if args.splits:
+        ref = [torch.empty(K_SLOTS, F, device="cuda") for _ in range(2)]
+        _gateup_gguf[(K_SLOTS, F // 16)](sets[-1], gate, up, xq, dp, *ref, F * NSB * 66, F=F, NSB=NSB, BR=16)
+        part = torch.empty(16 * 2 * K_SLOTS * F, device="cuda")
+        cnt = torch.zeros(K_SLOTS * F, dtype=torch.int32, device="cuda")
+    for cfg in filter(None, args.splits.split(",")):
+        br, warps, splits = (int(x) for x in cfg.split(":"))
+        grid = (K_SLOTS, F // br, splits)
+        out = [torch.full((K_SLOTS, F), float("nan"), device="cuda") for _ in range(2)]
+
+        def split_fn(br=br, warps=warps, splits=splits, grid=grid, out=out):
+            for ids in sets:
+                _gateup_split[grid](ids, gate, up, xq, dp, *out, part, cnt, F * NSB * 66, F=F, NSB=NSB, BR=br,
+                                    SPLITS=splits, num_warps=warps)
+        ms = time_graph(split_fn, R) * 1e3
+        err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(out, ref))
+        print(f"split rows {br:3d} warps {warps} splits {splits:2d} ({K_SLOTS * F // br * splits:5d} programs): "
+              f"{ms:6.2f} us; against the unsplit kernel {err:.1e} relative")
     h = torch.nn.functional.silu(outs["gguf"][0].clamp(max=CLAMP)) * outs["gguf"][1].clamp(-CLAMP, CLAMP)
     print(f"(h of the last set: mean |h| {h.abs().mean().item():.4g})")
     return 0
