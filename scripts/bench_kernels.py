@@ -228,9 +228,10 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
             if sweeps is not None and routing == "random" and T <= 4:
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults; at T = 2..4
                 # (verify) the types whose tiles SHORT_CONFIG sets for calls of 2..16 tokens
-                for t in sorted(set(types) if T == 1 else set(types) & set(M.SHORT_CONFIG)):
+                short = {t for _, c in M.SHORT_CONFIG for t in c}
+                for t in sorted(set(types) if T == 1 else set(types) & short):
                     for cfg in SINGLE_SWEEP:
-                        if cfg == (M.SHORT_CONFIG if T > 1 else M.SINGLE_CONFIG)[t]:
+                        if cfg == M.one_pair_config(T)[t]:
                             continue
                         sc = {t: cfg}
                         sweeps.append(lambda sc=sc, fn=fn, R=R, T=T, nb=nbytes / R: results.append(case(

@@ -830,11 +830,12 @@ def test_every_variant_compiles_for_sm90():
         ok(W.split_runs())
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
-                (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-                for (br, w, reg, pf), (dbr_, dw_, dreg_, dpf_) in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
-                                                               ((16, 4, None, not gpf), (16, 4, None, not dpf))):
-                    ok(W.moe_gateup_single(gt, ut, dt, D, F, br, w, pf, maxnreg=reg))
-                    ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
+                for T in (1, 3, 4, M.CAP):            # every one-pair launch moe_forward picks, and the other prefetch
+                    (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.one_pair_config(T)[gt], M.one_pair_config(T)[dt]
+                    for (br, w, reg, pf), (dbr_, dw_, dreg_, dpf_) in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
+                                                                   ((16, 4, None, not gpf), (16, 4, None, not dpf))):
+                        ok(W.moe_gateup_single(gt, ut, dt, D, F, br, w, pf, maxnreg=reg))
+                        ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
                 for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3), (16, 32, 4, True, 1),
                                                 *((*c[:3], True, c[3]) for c in M.LONG_CONFIGS.values())):
                     ok(W.moe_gateup_multi(gt, ut, D, F, cap, br, w, compact, st))
@@ -895,11 +896,12 @@ def test_every_variant_compiles_for_sm90():
         # to local memory (the multi-pair MoE kernels do: see the closing notes; not asserted here)
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10), (16, 16)):
-            (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.SINGLE_CONFIG[gt], M.SINGLE_CONFIG[dt]
-            assert spills(W.moe_gateup_single(gt, gt, dt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
-                ("_moe_gateup_single spills", gt)
-            assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
-                ("_moe_down_single spills", dt)
+            for T in (1, 3, 4):
+                (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.one_pair_config(T)[gt], M.one_pair_config(T)[dt]
+                assert spills(W.moe_gateup_single(gt, gt, dt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
+                    ("_moe_gateup_single spills", gt, T)
+                assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
+                    ("_moe_down_single spills", dt, T)
         for T, config in Q.ROWS_CONFIG.items():
             br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):

@@ -95,17 +95,22 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
 # Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
 # q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
-# dot products (_iq2_dp_pair, a group's 4 runs per thread): 16 rows x 4 warps, no prefetch: the decode step ~0.3 ms
-# faster than at (32, 4) (BENCHMARKS.md, 2026-12-01, twenty-third session: fewer programs, fewer loads in flight);
-# two blocks per step on [2, group, row] tiles at 8 warps, and the loop unrolled by two, were both ~0.2-0.4 ms slower.
+# dot products (_iq2_dp_pair, a group's 4 runs per thread): 16 rows x 2 warps, no prefetch: each thread then holds
+# two rows of a group and loads x's runs once for both; q2 layer at T = 1 42.2 us against 44.5 at 16 x 4 and 50.1 at
+# 32 x 4, the decode step ~0.1 ms faster (BENCHMARKS.md, 2026-12-02, twenty-sixth session); two blocks per step on
+# [2, group, row] tiles at 8 warps, the loop unrolled by two, the K range split over programs and the blocks kept
+# rearranged (records apart from scales, scripts/bench_iq2_gateup.py) were all no faster.
 # A Q2_K down runs on integer dot products too (_q2k_dp_rows), which has no prefetch form: loading the next block
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
-SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 4, None, False)}
-# Calls of 2..CAP tokens (verify) launch T * k one-pair programs per row tile (at least 12 at Flash's k = 6), enough
-# for the H200 with 32-row IQ2_XXS tiles, which load each run of x once for twice the rows: verify of 3 drafts
-# ~0.2-0.3 ms faster than at (16, 4) (BENCHMARKS.md, try/iq2-tile-by-t).
-SHORT_CONFIG = {IQ2_XXS: (32, 4, None, False)}
+SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: (16, 2, None, False)}
+# Calls of 2..CAP tokens (verify) launch T * k one-pair programs per row tile (at least 12 at Flash's k = 6), so
+# fewer warps per program pay: ((most tokens, {block type: launch}), ...), the first entry whose bound covers T
+# overriding SINGLE_CONFIG. q2 layer, IQ2_XXS gate/up tiles, H200 (same session): T = 2 16 x 1 70.2 us, 16 x 2
+# 70.5, 32 x 4 71.6; T = 3 16 x 1 94.4, 16 x 2 99.8, 32 x 4 106.6 (verify of 2 drafts 13.0 ms against 13.6); T = 4
+# 16 x 2 122.5, 16 x 1 132.3, 32 x 4 126.8; calls of 5..16 tokens keep 32 x 4 (not swept there).
+SHORT_CONFIG = ((3, {IQ2_XXS: (16, 1, None, False)}), (4, {IQ2_XXS: (16, 2, None, False)}),
+                (CAP, {IQ2_XXS: (32, 4, None, False)}))
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
@@ -121,6 +126,13 @@ MULTI_MIN = 5
 # then up (GATE_THEN_UP: fewer spills): T = 512 / 1024 / 2048 from 12.6 / 13.5 / 15.9 ms at (64, 64, 8, 1) to
 # 6.3 / 7.2 at (32, 128, 8, 1) and 11.9 at (64, 128, 8, 1); items of 32 pairs while the mean is at most 32.
 LONG_CONFIGS = {32: (32, 128, 8, 1), 64: (64, 128, 8, 1)}
+
+
+def one_pair_config(T: int) -> dict[int, tuple]:
+    """The one-pair kernels' launch settings by block type for a call of T tokens: SINGLE_CONFIG, overridden for
+    2..CAP tokens by SHORT_CONFIG's entry for T."""
+    short = next((c for most, c in SHORT_CONFIG if T <= most), {}) if T > 1 else {}
+    return {**SINGLE_CONFIG, **short}
 
 
 def long_launch(pairs: int, experts: int) -> tuple[int, int, int, int]:
@@ -1104,7 +1116,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
     chunks): the items are listed on the host side (_long_items) and hold up to CAP pairs (long_launch).
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
-    SINGLE_CONFIG; multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
+    one_pair_config(T); multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
     long_config: (CAP, rows per program, warps, stages) of those of long calls, overriding long_launch's
     (benchmark sweeps)."""
     if v.dim() != 2 or v.dtype != torch.float32:
@@ -1123,7 +1135,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     de = _check_blocks("down_blocks", down_blocks, down_type, D, F, device)
     if not (gate_blocks.shape[0] == up_blocks.shape[0] == down_blocks.shape[0]) or F % QK:
         raise ValueError("moe_forward: gate/up/down disagree on E, or F % 256 != 0")
-    cfg = {**SINGLE_CONFIG, **(SHORT_CONFIG if 1 < T <= CAP else {}), **(single_config or {})}
+    cfg = {**one_pair_config(T), **(single_config or {})}
     (gbr, gwarps, greg, gpf), (dbr, dwarps, dreg, dpf) = cfg[gate_type], cfg[down_type]
     upf = cfg[up_type][3]
     long = T > CAP
