@@ -64,8 +64,11 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # (32, 4, 528) (attn_q_b 26.0 / 25.6); T = 2 and 4 keep (32, 4, 528). A fourth entry, prefetch (PF: each step's
 # words and scales loaded one step ahead, ~16 more registers at T = 1), at (32, 4, 528) (2026-12-02): T = 1
 # attn_output_a / b 13.85 / 13.88 -> 12.52 / 12.58 us, the shared gate 6.94 -> 5.96, attn_q_b 12.14 -> 11.81 (at (16,
-# 4, 1056) it was slower); T = 4 ~1 us faster; T = 2 no gain and T = 3 much slower with it.
-ROWS_CONFIG = {1: (32, 4, 528, True), 2: (32, 4, 528), 3: (16, 4, 528), 4: (32, 4, 528, True)}
+# 4, 1056) it was slower); T = 4 ~1 us faster; T = 2 no gain and T = 3 much slower with it. T = 4 on 2 warps of 16
+# rows (2026-12-02, twenty-sixth session): the shared gate 14.4 -> 9.4 us, attn_output_b 25.9 -> 23.5, LM head 299
+# -> 294, attn_q_b and attn_output_a the same; at T = 1 and 3 no 2-warp shape was faster; at T = 2 (32, 2, 528) was
+# faster on attn_output_a / b (21.8 -> 18.0) but slower on the shared expert (7.4 -> 8.9), not taken.
+ROWS_CONFIG = {1: (32, 4, 528, True), 2: (32, 4, 528), 3: (16, 4, 528), 4: (16, 2, 528, True)}
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
