@@ -10,7 +10,8 @@ the device, a block's 8 group records (A, B: 8 bytes each) become one 8-byte loa
 rows 256 contiguous bytes, and d one 2-byte load from its own array: records int64 [E, D/256, F, 8], d f16
 [E, D/256, F] (the same bytes). This script times the two layouts with the same arithmetic (_iq2_dp_block) in
 stripped-down kernels (6 pairs, gate and up, swiglu into float h; no routing), each graph replaying R calls over
-R expert sets larger together than 4x the L2, and checks the outputs agree bit for bit.
+R expert sets larger together than 4x the L2, and says whether the outputs agree bit for bit (they do at 16 rows x
+4 warps; other tiles may add a row's group sums in another order).
 
 --splits (rows:warps:splits, ...): the GGUF layout's loop with the 16 blocks of a row split over `splits` programs
 (more programs in flight, each a shorter chain of dependent steps): each stores its partial gate and up sums, and the
