@@ -819,6 +819,7 @@ def test_every_variant_compiles_for_sm90():
         sys.path.insert(0, "scripts")
         from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         n = 0
+        ONE_PAIR_TS = (1, *(most for most, _ in M.SHORT_CONFIG))     # a call size for each one-pair launch entry
         def ok(k):
             # launch limits the interpreter cannot see: dynamic shared memory per block (227 KB on sm_90)
             global n
@@ -830,8 +831,9 @@ def test_every_variant_compiles_for_sm90():
         ok(W.split_runs())
         for gt, ut, dt in ((16, 16, 10), (12, 12, 12), (10, 10, 10), (16, 16, 16)):
             for D, F in ((512, 256), (4096, 2048)):
-                for T in (1, 3, 4, M.CAP):            # every one-pair launch moe_forward picks, and the other prefetch
-                    (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.one_pair_config(T)[gt], M.one_pair_config(T)[dt]
+                for T in ONE_PAIR_TS:                 # every one-pair launch moe_forward picks, and the other prefetch
+                    cfg = M.one_pair_config(T)
+                    (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = cfg[gt], cfg[dt]
                     for (br, w, reg, pf), (dbr_, dw_, dreg_, dpf_) in (((gbr, gw, greg, gpf), (dbr, dw, dreg, dpf)),
                                                                    ((16, 4, None, not gpf), (16, 4, None, not dpf))):
                         ok(W.moe_gateup_single(gt, ut, dt, D, F, br, w, pf, maxnreg=reg))
@@ -896,8 +898,9 @@ def test_every_variant_compiles_for_sm90():
         # to local memory (the multi-pair MoE kernels do: see the closing notes; not asserted here)
         spills = lambda k: sass_stats(k)["spills"]     # sass_stats checks that it really disassembled
         for gt, dt in ((16, 10), (12, 12), (10, 10), (16, 16)):
-            for T in (1, 3, 4):
-                (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = M.one_pair_config(T)[gt], M.one_pair_config(T)[dt]
+            for T in ONE_PAIR_TS:
+                cfg = M.one_pair_config(T)
+                (gbr, gw, greg, gpf), (dbr, dw, dreg, dpf) = cfg[gt], cfg[dt]
                 assert spills(W.moe_gateup_single(gt, gt, dt, 4096, 2048, gbr, gw, gpf, maxnreg=greg)) == 0, \
                     ("_moe_gateup_single spills", gt, T)
                 assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
