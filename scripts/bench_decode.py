@@ -178,7 +178,8 @@ def main() -> int:
                          "launched them). With programmatic dependent launch a kernel's time includes its wait for "
                          "the kernel before it; DS4_PDL=0 gives each kernel's own time")
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
-                                    "order (tab-separated: microseconds, name)")
+                                    "order (tab-separated: microseconds, name), and those of one verify step of T "
+                                    "rows (each --verify length) to this name + '.T<T>'")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     need = args.prefill + 4 * args.repeats + 64
@@ -287,10 +288,10 @@ def main() -> int:
                 busy_us = sum(e.time_range.elapsed_us() for e in kernels) / 5
                 log(f"{name}, profiled: {len(kernels) / 5:.0f} GPU kernels and copies per step, {busy_us / 1e3:.3f} "
                     f"ms of them busy ({cfg.n_layer} layers: {len(kernels) / 5 / cfg.n_layer:.1f} per layer)")
-                if args.trace and T == 1:
+                if args.trace:
                     ordered = sorted(kernels, key=lambda e: e.time_range.start)
                     n = len(ordered) // 5
-                    with open(args.trace, "w") as f:
+                    with open(args.trace if T == 1 else f"{args.trace}.T{T}", "w") as f:
                         for e in ordered[2 * n:3 * n]:                     # the third step
                             f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()

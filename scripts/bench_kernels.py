@@ -32,7 +32,8 @@ zeros; the kernels' time does not depend on the values):
       emit_rows it replaces (uncompiled PyTorch ops in the same CUDA graph; compiled they are several kernels);
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages), of the
-     attention's keys per program and of the top-k kernel's warps, while the time budget lasts.
+     attention's keys per program and of the top-k kernel's warps, while the time budget lasts (--sweep-t: the
+     one-pair MoE and Q8_0 sweeps only at those row counts).
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -93,6 +94,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
                 (32, 4, 528)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056))}
+SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: all)
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -229,7 +231,7 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
-            if sweeps is not None and routing == "random" and T <= 4:
+            if sweeps is not None and routing == "random" and T <= 4 and swept_t(T):
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults; at T = 2..4
                 # (verify) the types whose tiles SHORT_CONFIG sets for calls of 2..16 tokens
                 short = {t for _, c in M.SHORT_CONFIG for t in c}
@@ -325,6 +327,11 @@ def bench_read(bw: float, l2: int, results: list) -> None:
         del ws
 
 
+def swept_t(T: int) -> bool:
+    """Whether the one-pair MoE and Q8_0 sweeps run at T (--sweep-t)."""
+    return SWEEP_T is None or T in SWEEP_T
+
+
 def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
     gen = torch.Generator(device=DEV).manual_seed(3)
     for name, N, K, G in Q8_LAYER + [LM_HEAD]:
@@ -343,7 +350,7 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             guarded(f"{label} T={T}", results,
                     lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                         case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
-            if sweeps is not None and T in Q8_SWEEP and name in ("attn_q_b", "attn_output_a", "attn_output_b",
+            if sweeps is not None and T in Q8_SWEEP and swept_t(T) and name in ("attn_q_b", "attn_output_a", "attn_output_b",
                                                                     "ffn_gate_shexp", "output"):
                 for cfg in Q8_SWEEP[T]:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
@@ -555,11 +562,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--sweep-t", help="comma-separated row counts: sweep the one-pair MoE and Q8_0 launches only at "
+                                      "these T (default: every T those sweeps cover)")
     ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,compress,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index_long (prefill), hc_long "
                          "(prefill), topk, compress, q4 (moe)")
     args = ap.parse_args()
+    global SWEEP_T
+    SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU", file=sys.stderr)
         return 2
