@@ -4,7 +4,7 @@
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long] [--dump DIR]
 
-For each launch shape (default: each kernel's current SINGLE_CONFIG / ROWS_CONFIG) it compiles the one-pair ds4::MoE
+For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
@@ -43,7 +43,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
     ap.add_argument("--q8", nargs="*", type=q8_shape, default=None,
-                    help="Q8_0 shapes rows:warps[:min programs[:prefetch]] (default: ROWS_CONFIG's at each --q8-t)")
+                    help="Q8_0 shapes rows:warps[:min programs[:prefetch]] (default: rows_config's at each --q8-t)")
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
@@ -85,9 +85,9 @@ def main() -> int:
                        W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for T in args.q8_t:
-        for config in args.q8 or [Q.ROWS_CONFIG[T]]:          # the default: q8_matmul's launch
-            br, warps, min_programs, pf = Q.launch_fields(config)
+        for config in args.q8 or [None]:                       # None: q8_matmul's launch (rows_config)
             for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)
+                br, warps, min_programs, pf = Q.launch_fields(config or Q.rows_config(T, n, k))
                 _, steps, splits = Q.row_launch(n, k, br, min_programs)
                 report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else ""),
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf))

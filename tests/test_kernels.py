@@ -392,6 +392,18 @@ def test_q8_split_k_by_min_programs():
     _q8_check((1, 2, 3, 4), N, K, 1, seed=_seed("q8 split"), config=cfg)
 
 
+def test_q8_launch_by_weight_size():
+    """SIZE_CONFIG's launch is the one taken for its row count and weight sizes (the attention projections at T = 2),
+    ROWS_CONFIG's elsewhere, and it computes the same products (a small weight with that launch given explicitly;
+    at Flash widths test_q8_flash_widths runs it through rows_config)."""
+    T, lo, hi, config = q8_triton.SIZE_CONFIG[0]
+    assert q8_triton.rows_config(T, lo // 1024, 1024) == config
+    assert q8_triton.rows_config(T, hi // 1024, 1024) == q8_triton.ROWS_CONFIG[T]
+    assert q8_triton.rows_config(T, 2048, 4096) == q8_triton.ROWS_CONFIG[T]            # the shared expert's
+    assert q8_triton.rows_config(T + 1, lo // 1024, 1024) == q8_triton.ROWS_CONFIG[T + 1]
+    _q8_check((T,), 64, 512, 1, seed=_seed("q8 size config"), config=config)
+
+
 # Flash projections: attn_q_a, attn_q_b, attn_kv, attn_output_a (8 groups), attn_output_b, shared down
 Q8_FLASH = [(1024, 4096, 1), (32768, 1024, 1), (512, 4096, 1), (8192, 4096, 8), (4096, 8192, 1), (4096, 2048, 1)]
 
@@ -845,7 +857,7 @@ def test_every_variant_compiles_for_sm90():
                 ok(W.moe_gateup_single(gt, ut, dt, D, F, gbr, gw, gpf, compact=True))
             ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
-            for T, config in Q.ROWS_CONFIG.items():
+            for T, config in [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]:
                 br, w, _, pf = Q.launch_fields(config)
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf))
@@ -905,7 +917,7 @@ def test_every_variant_compiles_for_sm90():
                     ("_moe_gateup_single spills", gt, T)
                 assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
                     ("_moe_down_single spills", dt, T)
-        for T, config in Q.ROWS_CONFIG.items():
+        for T, config in [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]:
             br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):
                 assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf)) == 0, ("_q8_rows spills", T, splits)

@@ -69,6 +69,12 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # -> 294, attn_q_b and attn_output_a the same; at T = 1 and 3 no 2-warp shape was faster; at T = 2 (32, 2, 528) was
 # faster on attn_output_a / b (21.8 -> 18.0) but slower on the shared expert (7.4 -> 8.9), not taken.
 ROWS_CONFIG = {1: (32, 4, 528, True), 2: (32, 4, 528), 3: (16, 4, 528), 4: (16, 2, 528, True)}
+# Launches by weight size overriding ROWS_CONFIG: (rows per launch, least N * K, most N * K (excluded), launch). T = 2
+# on 2 warps of 32 rows for the 32 MB attention projections (N * K = 2^25: attn_q_b, attn_output_a, attn_output_b;
+# H200, 2026-12-02, twenty-seventh session, scripts/bench_kernels.py --cases q8 --sweep-t 2): 16.76 -> 16.40,
+# 21.87 -> 18.02, 21.77 -> 17.78 us; the shared expert's 8 MB weights are slower with it (7.38 -> 8.96) and the LM
+# head (2^29) was not timed at it, so both keep ROWS_CONFIG's.
+SIZE_CONFIG = ((2, 1 << 25, 1 << 26, (32, 2, 528)),)
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
@@ -261,6 +267,12 @@ def launch_fields(config: tuple) -> tuple[int, int, int, bool]:
     return br, warps, rest[0] if rest else MIN_PROGRAMS, bool(rest[1]) if len(rest) > 1 else False
 
 
+def rows_config(T: int, N: int, K: int) -> tuple:
+    """q8_matmul's launch config for T (<= LAUNCH_T) rows of x and an [N, K] weight: SIZE_CONFIG's entry for them,
+    else ROWS_CONFIG[T]."""
+    return next((c for t, lo, hi, c in SIZE_CONFIG if t == T and lo <= N * K < hi), ROWS_CONFIG[T])
+
+
 def row_launch(N: int, K: int, br: int, min_programs: int = MIN_PROGRAMS) -> tuple[int, int, int]:
     """_q8_rows' launch for N rows of K inputs at br rows per program: (row tiles, steps of NB_STEP blocks, K splits).
     K is split until there are min_programs programs, by a divisor of the steps (no partial split)."""
@@ -313,7 +325,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
-    programs: K is split until there are that many[, prefetch]]) of every launch, overriding ROWS_CONFIG (sweeps)."""
+    programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -335,7 +347,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     for t0 in range(0, T, LAUNCH_T):
         tp = min(LAUNCH_T, T - t0)
-        br, warps, min_programs, pf = launch_fields(config or ROWS_CONFIG[tp])
+        br, warps, min_programs, pf = launch_fields(config or rows_config(tp, N, K))
         if not 1 <= min_programs <= COUNTER_SLOTS:
             raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
         if groups > 1 and rows_per_group % br:
