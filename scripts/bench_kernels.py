@@ -33,7 +33,7 @@ zeros; the kernels' time does not depend on the values):
   3. small sweeps (timing only) of the launch shapes (rows per program, warps[, register cap; None = no cap]),
      of the one-pair MoE kernels' register prefetch, of the long calls' (CAP, rows, warps, stages), of the
      attention's keys per program and of the top-k kernel's warps, while the time budget lasts (--sweep-t: the
-     one-pair MoE and Q8_0 sweeps only at those row counts).
+     one-pair MoE and Q8_0 sweeps only at those row counts, which may add T = 8 and 16 to the one-pair sweep).
 Timing: medians of CUDA-graph replays (triton.testing.do_bench_cudagraph), each graph running R calls over R
 different input sets (expert ids or weight copies) that together exceed 4x the L2 cache, so the weights come
 from HBM as they do in a real decode step; reported times are per call.
@@ -231,9 +231,10 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
-            if sweeps is not None and routing == "random" and T <= 4 and swept_t(T):
+            if sweeps is not None and routing == "random" and (T <= 4 if SWEEP_T is None else T in SWEEP_T):
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults; at T = 2..4
-                # (verify) the types whose tiles SHORT_CONFIG sets for calls of 2..16 tokens
+                # (verify; 8 and 16 when --sweep-t names them) the types whose tiles SHORT_CONFIG sets for calls of
+                # 2..16 tokens
                 short = {t for _, c in M.SHORT_CONFIG for t in c}
                 for t in sorted(set(types) if T == 1 else set(types) & short):
                     for cfg in SINGLE_SWEEP:
@@ -563,7 +564,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=80.0, help="seconds; the sweeps stop when it runs out")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-t", help="comma-separated row counts: sweep the one-pair MoE and Q8_0 launches only at "
-                                      "these T (default: every T those sweeps cover)")
+                                      "these T (default: T = 1..4; the one-pair MoE sweep also runs at 8 and 16 "
+                                      "when named here)")
     ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,compress,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index_long (prefill), hc_long "
