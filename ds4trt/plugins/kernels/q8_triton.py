@@ -67,7 +67,8 @@ HI_BIAS = tl.constexpr(1.0 + 128 * 2.0 ** -15)     # ... in bits 8..15
 # 4, 1056) it was slower); T = 4 ~1 us faster; T = 2 no gain and T = 3 much slower with it. T = 4 on 2 warps of 16
 # rows (2026-12-02, twenty-sixth session): the shared gate 14.4 -> 9.4 us, attn_output_b 25.9 -> 23.5, LM head 299
 # -> 294, attn_q_b and attn_output_a the same; at T = 1 and 3 no 2-warp shape was faster; at T = 2 (32, 2, 528) was
-# faster on attn_output_a / b (21.8 -> 18.0) but slower on the shared expert (7.4 -> 8.9), not taken.
+# faster on attn_output_a / b (21.8 -> 18.0) but slower on the shared expert (7.4 -> 8.9): taken by weight size
+# (SIZE_CONFIG, below).
 ROWS_CONFIG = {1: (32, 4, 528, True), 2: (32, 4, 528), 3: (16, 4, 528), 4: (16, 2, 528, True)}
 # Launches by weight size overriding ROWS_CONFIG: (rows per launch, least N * K, most N * K (excluded), launch). T = 2
 # on 2 warps of 32 rows for the 32 MB attention projections (N * K = 2^25: attn_q_b, attn_output_a, attn_output_b;
