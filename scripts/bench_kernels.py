@@ -94,7 +94,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
                 (32, 4, 528)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056))}
-SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: all)
+SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
 Q8_LAYER = [("attn_q_a", 1024, 4096, 1), ("attn_q_b", 32768, 1024, 1), ("attn_kv", 512, 4096, 1),
@@ -231,7 +231,7 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                     M.moe_forward(v, ids, w, *blocks, *types, CLAMP, out=out, workspace=ws, **cfg)
             guarded(f"moe {mix} {routing} T={T}", results, lambda fn=fn, R=R, T=T, nb=nbytes / R: results.append(
                 case(f"moe {mix} {routing}", T, nb, time_graph(fn, R), bw, kind="moe", mix=mix, routing=routing)))
-            if sweeps is not None and routing == "random" and (T <= 4 if SWEEP_T is None else T in SWEEP_T):
+            if sweeps is not None and routing == "random" and swept_t(T, T <= 4):
                 # one-pair kernels: each block type of the mix in turn, the others at their defaults; at T = 2..4
                 # (verify; 8 and 16 when --sweep-t names them) the types whose tiles SHORT_CONFIG sets for calls of
                 # 2..16 tokens
@@ -328,9 +328,9 @@ def bench_read(bw: float, l2: int, results: list) -> None:
         del ws
 
 
-def swept_t(T: int) -> bool:
-    """Whether the one-pair MoE and Q8_0 sweeps run at T (--sweep-t)."""
-    return SWEEP_T is None or T in SWEEP_T
+def swept_t(T: int, by_default: bool) -> bool:
+    """Whether the one-pair MoE and Q8_0 sweeps run at T: as --sweep-t names, else by_default."""
+    return by_default if SWEEP_T is None else T in SWEEP_T
 
 
 def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
@@ -351,8 +351,8 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             guarded(f"{label} T={T}", results,
                     lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name: results.append(
                         case(label, T, nb, time_graph(fn, C), bw, kind="q8", tensor=name)))
-            if sweeps is not None and T in Q8_SWEEP and swept_t(T) and name in ("attn_q_b", "attn_output_a", "attn_output_b",
-                                                                    "ffn_gate_shexp", "output"):
+            if sweeps is not None and T in Q8_SWEEP and swept_t(T, True) and name in (
+                    "attn_q_b", "attn_output_a", "attn_output_b", "ffn_gate_shexp", "output"):
                 for cfg in Q8_SWEEP[T]:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,

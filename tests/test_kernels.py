@@ -832,6 +832,7 @@ def test_every_variant_compiles_for_sm90():
         from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
         n = 0
         ONE_PAIR_TS = (1, *(most for most, _ in M.SHORT_CONFIG))     # a call size for each one-pair launch entry
+        Q8_LAUNCHES = [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]  # (T, config) q8_matmul takes
         def ok(k):
             # launch limits the interpreter cannot see: dynamic shared memory per block (227 KB on sm_90)
             global n
@@ -857,7 +858,7 @@ def test_every_variant_compiles_for_sm90():
                 ok(W.moe_gateup_single(gt, ut, dt, D, F, gbr, gw, gpf, compact=True))
             ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
-            for T, config in [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]:
+            for T, config in Q8_LAUNCHES:
                 br, w, _, pf = Q.launch_fields(config)
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf))
@@ -917,7 +918,7 @@ def test_every_variant_compiles_for_sm90():
                     ("_moe_gateup_single spills", gt, T)
                 assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
                     ("_moe_down_single spills", dt, T)
-        for T, config in [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]:
+        for T, config in Q8_LAUNCHES:
             br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):
                 assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf)) == 0, ("_q8_rows spills", T, splits)
