@@ -67,7 +67,6 @@ fields are read as fp16 / uint16 / bytes, never as 4-byte words.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +75,7 @@ import triton
 import triton.language as tl
 from gguf import quants as gguf_quants
 
+from ds4trt.plugins.kernels.int_dot import ASM, XQ_LO, dp2a, dp4a, int_words, quant_values
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from ds4trt.plugins.kernels.wide_load import ld4
 
@@ -84,10 +84,6 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 LAYOUT = {Q2_K: (84, 16, 16), Q4_K: (144, 8, 32), IQ2_XXS: (66, 32, 8)}
 QK = 256
 ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_rows)
-# The IQ2_XXS gate/up kernel's integer dot products (_iq2_dp_rows) are inline PTX on a GPU; under Triton's interpreter
-# (CPU tests) the same functions compute them with integer tensor operations.
-ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
-XQ_LO = tl.constexpr(2048)   # _quant_runs: x = u (XQ_LO h + l), h int8, |l| <= XQ_LO / 2
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
 # Launch settings of the one-pair (decode) kernels, by block type: (rows per program, warps, register cap or None,
 # prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
@@ -528,41 +524,6 @@ def _kq_mma_runs(ptr, base, c, TYPE: tl.constexpr, L: tl.constexpr):
 
 
 @triton.jit
-def _dp4a(a, b, c):
-    """c + the sum of the products of the four signed bytes of a and of b."""
-    if ASM:
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        for k in tl.static_range(4):
-            c += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)
-        return c
-
-
-@triton.jit
-def _dp2a(a, b, c, HI: tl.constexpr):
-    """c + the two signed 16-bit halves of a times signed bytes 0, 1 (HI: 2, 3) of b."""
-    if ASM:
-        if HI:
-            return tl.inline_asm_elementwise("dp2a.hi.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("dp2a.lo.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        for k in tl.static_range(2):
-            bk: tl.constexpr = 2 * HI + k
-            c += ((a << (16 - 16 * k)) >> 16) * ((b << (24 - 8 * bk)) >> 24)
-        return c
-
-
-@triton.jit
-def _rint(y):
-    """y rounded to the nearest integer (ties to even), |y| < 2^22."""
-    return (y + 12582912.0) - 12582912.0
-
-
-@triton.jit
 def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr, SWAP: tl.constexpr = False):
     """Store x [R, 8] (runs run0.. of a row of K activations) as integers for _iq2_dp_rows. Per run of 8 values,
     u = max|x| / (127 XQ_LO), h = rint(x / (XQ_LO u)) in [-127, 127], l = rint(x / u - XQ_LO h) in
@@ -575,15 +536,10 @@ def _quant_runs(row_ptr, K: tl.constexpr, run0, x, R: tl.constexpr, SWAP: tl.con
     r = run0 + tl.arange(0, R)
     if SWAP:
         r = (r & ~15) | ((r & 3) << 2) | ((r >> 2) & 3)
-    amax = tl.max(tl.abs(x), axis=1)
-    y = tl.where(amax[:, None] > 0, x / tl.maximum(amax, 1e-30)[:, None], 0.0) * 127.0      # |y| <= 127
-    h = _rint(y)
-    lo = _rint((y - h) * XQ_LO).to(tl.int32)
-    hw = tl.sum(tl.reshape(h.to(tl.int32) & 255, (R, 2, 4)) << (8 * tl.arange(0, 4))[None, None, :], axis=2)
-    lw = tl.sum(tl.reshape(lo & 0xFFFF, (R, 4, 2)) << (16 * tl.arange(0, 2))[None, None, :], axis=2)
-    tl.store(row_ptr + tl.arange(0, 2)[None, :] * (K // 8) + r[:, None], hw)
-    tl.store(row_ptr + K // 4 + tl.arange(0, 4)[None, :] * (K // 8) + r[:, None], lw)
-    tl.store(row_ptr.to(tl.pointer_type(tl.float32)) + 3 * K // 4 + r, amax * (1.0 / (127.0 * XQ_LO)))
+    h, lo, u = quant_values(x)
+    tl.store(row_ptr + tl.arange(0, 2)[None, :] * (K // 8) + r[:, None], int_words(h, 2, 8))
+    tl.store(row_ptr + K // 4 + tl.arange(0, 4)[None, :] * (K // 8) + r[:, None], int_words(lo, 4, 16))
+    tl.store(row_ptr.to(tl.pointer_type(tl.float32)) + 3 * K // 4 + r, u)
 
 
 @triton.jit
@@ -627,11 +583,11 @@ def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexp
         sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + ((bw >> (7 * l)) & 127))
         w0 = _prmt_q(sel)                                                              # values 0..3 as int8
         w1 = _prmt_q(sel >> 16)                                                        # values 4..7
-        sh = _dp4a(w1, h1[l], _dp4a(w0, h0[l], 0))
-        sl = _dp2a(l0[l], w0, 0, False)
-        sl = _dp2a(l1[l], w0, sl, True)
-        sl = _dp2a(l2[l], w1, sl, False)
-        sl = _dp2a(l3[l], w1, sl, True)
+        sh = dp4a(w1, h1[l], dp4a(w0, h0[l], 0))
+        sl = dp2a(l0[l], w0, 0, False)
+        sl = dp2a(l1[l], w0, sl, True)
+        sl = dp2a(l2[l], w1, sl, False)
+        sl = dp2a(l3[l], w1, sl, True)
         y += xu[l].to(tl.float32, bitcast=True) * (sh * XQ_LO + sl).to(tl.float32)
     dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi.to(tl.int32) >> 12) + 1))
     return acc + dl * y
@@ -729,11 +685,11 @@ def _q2k_dp_rows(ptr, expert_off, row0, hq_ptr, NSB: tl.constexpr, BR: tl.conste
                 sc = (s_hi >> (8 * (2 * j - 4 + (i >> 1)))) & 255
             qa = (wa >> (2 * j)) & 0x03030303
             qb = (wb >> (2 * j)) & 0x03030303
-            ih = _dp4a(qb, h1[j], _dp4a(qa, h0[j], 0))
-            il = _dp2a(l0[j], qa, 0, False)
-            il = _dp2a(l1[j], qa, il, True)
-            il = _dp2a(l2[j], qb, il, False)
-            il = _dp2a(l3[j], qb, il, True)
+            ih = dp4a(qb, h1[j], dp4a(qa, h0[j], 0))
+            il = dp2a(l0[j], qa, 0, False)
+            il = dp2a(l1[j], qa, il, True)
+            il = dp2a(l2[j], qb, il, False)
+            il = dp2a(l3[j], qb, il, True)
             ym += hu[j].to(tl.float32, bitcast=True) * ((ih * XQ_LO + il) * (sc & 15)).to(tl.float32)
             yn += hs[j].to(tl.float32, bitcast=True) * (sc >> 4).to(tl.float32)
         acc += _f16_bits(dd) * ym - _f16_bits(dd >> 16) * yn

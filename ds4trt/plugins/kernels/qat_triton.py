@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ds4trt.model.numerics import FP4_MAX
-from ds4trt.plugins.kernels.moe_triton import _rint
+from ds4trt.plugins.kernels.int_dot import rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 ROWS = 32          # rows per program
@@ -50,7 +50,7 @@ def _round_fp4(x, min_amax, BR: tl.constexpr, N: tl.constexpr, LOG2N: tl.constex
     scale = (e << 23).to(tl.float32, bitcast=True)[:, :, None]
     y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True)[:, :, None], -FP4_Q), FP4_Q)
     a = tl.abs(y)
-    q = tl.where(a <= 2, _rint(a * 2) * 0.5, tl.where(a <= 4, 2 + _rint(a - 2), 4 + 2 * _rint((a - 4) * 0.5)))
+    q = tl.where(a <= 2, rint(a * 2) * 0.5, tl.where(a <= 4, 2 + rint(a - 2), 4 + 2 * rint((a - 4) * 0.5)))
     return tl.reshape(tl.where(y < 0, -q, q) * scale, (BR, N))
 
 

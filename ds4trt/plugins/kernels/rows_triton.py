@@ -34,7 +34,7 @@ import triton.language as tl
 from ds4trt.model.attention import POSTS
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, FP8_BLOCK, FP8_MAX, FP8_MIN_AMAX
 from ds4trt.model.state import NEG
-from ds4trt.plugins.kernels.moe_triton import _rint
+from ds4trt.plugins.kernels.int_dot import rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from ds4trt.plugins.kernels.qat_triton import _pow2_scale, _round_fp4
 
@@ -58,7 +58,7 @@ def _round_fp8(x, NOPE: tl.constexpr, C: tl.constexpr, NB: tl.constexpr):
     y = tl.minimum(tl.maximum(x * ((254 - e) << 23).to(tl.float32, bitcast=True), -FP8_Q), FP8_Q)
     a = tl.abs(y)
     ea = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -6)             # floor(log2 a), >= -6
-    q = _rint(a * ((130 - ea) << 23).to(tl.float32, bitcast=True)) * ((124 + ea) << 23).to(tl.float32, bitcast=True)
+    q = rint(a * ((130 - ea) << 23).to(tl.float32, bitcast=True)) * ((124 + ea) << 23).to(tl.float32, bitcast=True)
     q = tl.where(y < 0, -q, q) * (e << 23).to(tl.float32, bitcast=True)
     return tl.where(d < NOPE, q, x)
 
