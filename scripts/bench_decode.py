@@ -16,6 +16,11 @@ Steps run through GraphedSteps exactly as a session runs them (one CUDA graph pe
 Measured (median of --repeats, CUDA events around run + commit, so host work between graphs counts):
   decode   T = 1 at a short context and after the --prefill prompt
   verify   T = 2..4 (--verify) after the prompt (commit of 1 row: the positions advance by one per repeat)
+  draft    --draft N,...: the MTP head's part of a speculative cycle after one committed token (MTPDrafter.draft:
+           the catch-up step on the new pair, then N - 1 recursive steps on the scratch ring, each with its top-2
+           read by the host, as ds4-run runs them; synthetic MTP weights with Q4_K experts, random target states),
+           and the cycle's cost (N drafts + verify of N + 1) in decode steps: the tokens a cycle must keep on
+           average to beat plain decoding
   prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run
            eagerly), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
@@ -42,13 +47,16 @@ from bench_kernels import copy_bandwidth, random_blocks  # noqa: E402
 from ds4trt.gguf_io import names as N  # noqa: E402
 from ds4trt.gguf_io.dequant import tensor_nbytes, type_name  # noqa: E402
 from ds4trt.model.config import ModelConfig  # noqa: E402
-from ds4trt.model.layout import target_layout  # noqa: E402
+from ds4trt.model.layout import mtp_layout, target_layout  # noqa: E402
+from ds4trt.model.mtp import MTPHead  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
 from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, compile_blocks, cuda_linear, to_device  # noqa: E402
 from ds4trt.runtime.cache import CacheState  # noqa: E402
+from ds4trt.runtime.speculative import MTPDrafter  # noqa: E402
 from ds4trt.testing.flash_sparse import EXPERT_MIXES, spec_type  # noqa: E402
 
 Q2_MIX = EXPERT_MIXES["q2"]              # (gate, up, down): IQ2_XXS, IQ2_XXS, Q2_K
+MTP_MIX = EXPERT_MIXES["q4"]             # the MTP head's experts: Q4_K (ds4's DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf)
 START = time.time()
 
 
@@ -60,16 +68,18 @@ class SyntheticWeights:
     """The Weights interface (get, has, type_of, shape_of, blocks) over random tensors made on the GPU, in the
     types of ds4's q2 GGUF: what the CUDA backend's factories read, without a file."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0):
-        self.specs = {s.name: s for s in target_layout(cfg)}
+    def __init__(self, cfg: ModelConfig, seed: int = 0, specs=None, mix: tuple[int, int, int] = Q2_MIX):
+        """specs: the tensors (the target's, target_layout, by default; mtp_layout for the MTP head); mix: the
+        routed experts' (gate, up, down) types."""
+        self.specs = {s.name: s for s in (specs if specs is not None else target_layout(cfg))}
         self.gen = torch.Generator(device="cuda").manual_seed(seed)
-        self.cfg = cfg
+        self.cfg, self.mix = cfg, mix
 
     def has(self, name):
         return name in self.specs
 
     def type_of(self, name) -> int:
-        return spec_type(self.specs[name], Q2_MIX)
+        return spec_type(self.specs[name], self.mix)
 
     def shape_of(self, name):
         return self.specs[name].shape
@@ -124,6 +134,13 @@ def step_bytes(w: SyntheticWeights, cfg: ModelConfig, T: int, pos: int) -> float
     return total
 
 
+def mtp_step_bytes(mw: SyntheticWeights, w: SyntheticWeights, cfg: ModelConfig) -> float:
+    """Bytes one MTP step of one token must read: the head's tensors (its routed experts: the k used), the target's
+    LM head and embedding row it shares, its window of cache rows."""
+    total = sum(mw.nbytes(n) * (cfg.n_expert_used / cfg.n_expert if "_exps." in n else 1) for n in mw.specs)
+    return total + w.nbytes(N.OUTPUT) + cfg.n_embd * 2 + (cfg.window - 1) * cfg.head_dim * 4
+
+
 def timed(fn, repeats: int) -> float:
     """Median milliseconds of fn() over repeats, CUDA events around each call."""
     times = []
@@ -167,6 +184,9 @@ def main() -> int:
     ap.add_argument("--verify", type=lambda a: [int(t) for t in a.split(",") if t], default=[2, 3, 4],
                     help="verify step lengths to time after the prompt, comma-separated ('' for none: with --compile "
                          "each length compiles for about a minute at 43 layers)")
+    ap.add_argument("--draft", type=lambda a: [int(t) for t in a.split(",") if t], default=[],
+                    help="MTP draft lengths to time (comma-separated; each needs --verify to include N + 1 for the "
+                         "cycle's cost)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
                     help="with --compile: compile with torch._inductor.config.NAME = VALUE (a Python literal) over "
@@ -205,10 +225,13 @@ def main() -> int:
     with torch.no_grad():
         model = to_device(Transformer(cfg, w, "ds4", experts=CudaExperts.from_weights,
                                       linear=cuda_linear), "cuda")
+        mw = SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX) if args.draft else None
+        mtp = to_device(MTPHead(model, mw, experts=CudaExperts.from_weights, linear=cuda_linear), "cuda") \
+            if args.draft else None
     if args.compile:
         for name, value in inductor.items():
             log(f"torch._inductor.config.{name} = {value!r}")
-        compile_blocks(model, options=inductor)
+        compile_blocks(model, *([mtp] if mtp is not None else []), options=inductor)
     torch.cuda.synchronize()
     weights_gib = torch.cuda.memory_allocated() / 2 ** 30
     gguf_gib = sum(w.nbytes(n) for n in w.specs) / 2 ** 30
@@ -274,6 +297,27 @@ def main() -> int:
             ms = timed(step(T), args.repeats)
             record(f"{'decode' if T == 1 else 'verify'} (ctx {pos})", T, ms, step_bytes(w, cfg, T, pos),
                    **({"tokens_per_s": 1e3 / ms} if T == 1 else {}))
+        if args.draft:
+            drafter = MTPDrafter(mtp, ctx, torch.float32, torch.device("cuda"), GraphedSteps)
+            history = tokens(16)                               # the drafter's committed pairs before the first draft
+            drafter.observe(torch.randn(16, cfg.n_hc, cfg.n_embd, device="cuda"))
+            drafter.catch_up(history + tokens(1), graph=False)
+
+            def draft(n: int):
+                def fn():                                       # one more committed token, then the cycle's drafts
+                    history.append(tokens(1)[0])
+                    drafter.observe(torch.randn(1, cfg.n_hc, cfg.n_embd, device="cuda"))
+                    got = drafter.draft(history, tokens(1)[0], n, float("-inf"), None)
+                    assert len(got) == n, (len(got), n)
+                return fn
+
+            mtp_bytes = mtp_step_bytes(mw, w, cfg)
+            for n in args.draft:
+                t0 = time.time()
+                draft(n)()                                     # capture the MTP graphs (and compile)
+                log(f"draft {n} captured in {time.time() - t0:.1f} s")
+                ms = timed(draft(n), args.repeats)
+                record(f"draft {n} (MTP)", n, ms, n * mtp_bytes)
         if args.kernels:
             from torch.profiler import ProfilerActivity, profile
             for T in (1, *args.verify):                         # each graph captured above
@@ -306,6 +350,17 @@ def main() -> int:
         if r["name"].startswith("verify"):
             r["vs_decode"] = r["ms"] / t1["ms"]
             log(f"verify T={r['T']}: {r['vs_decode']:.2f}x the decode step")
+    for r in results:
+        if r["name"].startswith("draft"):
+            v = next((x for x in results if x["name"].startswith("verify") and x["T"] == r["T"] + 1), None)
+            if v is None:
+                log(f"draft {r['T']}: no verify of T={r['T'] + 1} timed (add it to --verify) for the cycle's cost")
+                continue
+            r["cycle_ms"] = r["ms"] + v["ms"]
+            r["cycle_vs_decode"] = r["cycle_ms"] / t1["ms"]
+            log(f"cycle of {r['T']} drafts: {r['ms']:.3f} + verify {v['ms']:.3f} = {r['cycle_ms']:.3f} ms = "
+                f"{r['cycle_vs_decode']:.2f} decode steps: it beats plain decoding when a cycle keeps more than "
+                f"{r['cycle_vs_decode']:.2f} tokens on average (1 + accepted drafts; at most {r['T'] + 1})")
     peak = max(peaks + [torch.cuda.max_memory_allocated()]) / 2 ** 30
     log(f"device memory: model {weights_gib:.2f} GiB, peak {peak:.2f} GiB"
         + (f" ({'within' if peak <= 90 else 'OVER'} the 90 GiB target)"
