@@ -66,7 +66,7 @@ def log(msg: str) -> None:
 
 class SyntheticWeights:
     """The Weights interface (get, has, type_of, shape_of, blocks) over random tensors made on the GPU, in the
-    types of ds4's q2 GGUF: what the CUDA backend's factories read, without a file."""
+    types of ds4's GGUFs (the routed experts in `mix`): what the CUDA backend's factories read, without a file."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, specs=None, mix: tuple[int, int, int] = Q2_MIX):
         """specs: the tensors (the target's, target_layout, by default; mtp_layout for the MTP head); mix: the
@@ -225,17 +225,19 @@ def main() -> int:
     with torch.no_grad():
         model = to_device(Transformer(cfg, w, "ds4", experts=CudaExperts.from_weights,
                                       linear=cuda_linear), "cuda")
-        mw = SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX) if args.draft else None
-        mtp = to_device(MTPHead(model, mw, experts=CudaExperts.from_weights, linear=cuda_linear), "cuda") \
-            if args.draft else None
+        mw, mtp = None, None
+        if args.draft:
+            mw = SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX)
+            mtp = to_device(MTPHead(model, mw, experts=CudaExperts.from_weights, linear=cuda_linear), "cuda")
     if args.compile:
         for name, value in inductor.items():
             log(f"torch._inductor.config.{name} = {value!r}")
         compile_blocks(model, *([mtp] if mtp is not None else []), options=inductor)
     torch.cuda.synchronize()
     weights_gib = torch.cuda.memory_allocated() / 2 ** 30
-    gguf_gib = sum(w.nbytes(n) for n in w.specs) / 2 ** 30
-    log(f"model: {cfg.n_layer} layers on the GPU, {weights_gib:.2f} GiB resident ({gguf_gib:.2f} GiB in GGUF formats)")
+    gguf_gib = sum(ws.nbytes(n) for ws in (w, mw) if ws is not None for n in ws.specs) / 2 ** 30
+    log(f"model: {cfg.n_layer} layers{' and the MTP head' if mtp is not None else ''} on the GPU, {weights_gib:.2f} "
+        f"GiB resident ({gguf_gib:.2f} GiB in GGUF formats)")
 
     cache = CacheState(cfg, ctx, device="cuda")
     log(f"cache capacity: {ctx} tokens")
