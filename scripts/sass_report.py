@@ -76,6 +76,8 @@ def main() -> int:
                    W.moe_gateup_single(gate, gate, down, D, F, br, warps, pf))
         for br, warps, pf in args.moe or [single(down)]:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}", W.moe_down_single(down, D, F, br, warps, pf))
+            report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}_shared",
+                   W.moe_down_single(down, D, F, br, warps, pf, shared=True))
     if args.long:
         for cap, br, warps, stages in M.LONG_CONFIGS.values():
             for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):

@@ -323,6 +323,39 @@ def test_moe_graph_replay_and_determinism():
         assert torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("mix", ["iq2_iq2_q2k", "q4k"])
+def test_moe_with_the_shared_experts_down(mix):
+    """moe_forward's `shared` (one token): a Q8_0 shared expert's down product computed by extra programs of the
+    routed down launch. per_slot's last slot is the shared down of sh alone and the summed output the routed experts
+    plus it (both against float64), the scratch poisoned first; the routed slots are bit for bit those of a call
+    without it (Flash widths on the GPU). Refused: more than one token, arrays of another shape."""
+    types = MIXES[mix]
+    D, F, k = (4096, 2048, 6) if GPU else (512, 256, 3)
+    v, ids, w, blocks = _small_case(types, seed=_seed("shared", mix), T=1, D=D, F=F, k=k)
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+    rng = np.random.default_rng(_seed("shared q8", mix))
+    wb = torch.from_numpy(_random_q8_0(rng, D, F, 1 / F ** 0.5)).to(DEVICE)
+    shared = (torch.from_numpy(rng.standard_normal((1, F)).astype(np.float32)).to(DEVICE),
+              *q8_triton.split_q8(wb, D, F))
+    sh64 = shared[0].double() @ _q8_float64(wb, F).T
+    ws = moe_triton.MoEWorkspace.create(1, k, D, F, DEVICE, shared=True)
+    ws.h.fill_(float("nan"))
+    ws.y.fill_(float("nan"))
+    ws.xq.fill_(-1)
+    slots = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True, workspace=ws, shared=shared)
+    assert slots.shape == (1, k + 1, D)
+    assert _rel(slots[:, k], sh64) <= TOL
+    assert torch.equal(slots[:, :k], moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True))
+    out = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, out=_nan(1, D), shared=shared)
+    assert _rel(out, _moe_ref64(*dev[:3], _deq_experts(blocks, types, np.unique(ids)), CLAMP) + sh64) <= TOL
+    with pytest.raises(ValueError, match="calls of one token, got T = 2"):
+        moe_triton.moe_forward(dev[0].expand(2, D).contiguous(), dev[1].expand(2, k), dev[2].expand(2, k), *dev[3:],
+                               *types, CLAMP, shared=shared)
+    with pytest.raises(ValueError, match=r"split_q8 arrays of the down \[%d, %d\]" % (D, F)):
+        moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, shared=(shared[0], *q8_triton.split_q8(
+            torch.from_numpy(_random_q8_0(rng, F, D, 0.1)).to(DEVICE), F, D)))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Q8_0
 
@@ -851,6 +884,8 @@ def test_every_variant_compiles_for_sm90():
                                                                    ((16, 4, None, not gpf), (16, 4, None, not dpf))):
                         ok(W.moe_gateup_single(gt, ut, dt, D, F, br, w, pf, maxnreg=reg))
                         ok(W.moe_down_single(dt, D, F, dbr_, dw_, dpf_, maxnreg=dreg_))
+                    if T == 1:                        # with the shared expert's down (moe_forward's `shared`)
+                        ok(W.moe_down_single(dt, D, F, dbr, dw, dpf, maxnreg=dreg, shared=True))
                 for cap, br, w, compact, st in ((M.CAP, M.MULTI_BR, M.MULTI_WARPS, False, 3), (16, 32, 4, True, 1),
                                                 *((*c[:3], True, c[3]) for c in M.LONG_CONFIGS.values())):
                     ok(W.moe_gateup_multi(gt, ut, D, F, cap, br, w, compact, st))
@@ -918,6 +953,9 @@ def test_every_variant_compiles_for_sm90():
                     ("_moe_gateup_single spills", gt, T)
                 assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg)) == 0, \
                     ("_moe_down_single spills", dt, T)
+                if T == 1:
+                    assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg, shared=True)) == 0, \
+                        ("_moe_down_single spills, shared", dt)
         for T, config in Q8_LAUNCHES:
             br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):

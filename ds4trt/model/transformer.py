@@ -40,6 +40,7 @@ class FeedForward(nn.Module):
         self.route = route               # and a kernel with route's signature
         self.sh_gate, self.sh_up, self.sh_down = (linear(weights, prefix + f"ffn_{s}_shexp.weight")
                                                   for s in ("gate", "up", "down"))
+        self.both_experts = self.routed_plus_shared     # a backend may set one call computing both
 
     def forward(self, y: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """y: [T, D], tokens: [T] -> [T, D]"""
@@ -47,8 +48,12 @@ class FeedForward(nn.Module):
         v = rms_norm(y, self.norm, cfg.rms_eps)
         ids, weights = self.route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                                   cfg.expert_weight_scale)
+        return self.both_experts(v, ids, weights)
+
+    def routed_plus_shared(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """v: [T, D]; ids, weights: [T, k] -> [T, D]: the routed experts' weighted sum plus the shared expert."""
         return self.experts(v, ids, weights) + shared_expert(v, self.sh_gate, self.sh_up, self.sh_down,
-                                                             cfg.swiglu_clamp, self.group)
+                                                             self.cfg.swiglu_clamp, self.group)
 
 
 class HyperConnection(nn.Module):

@@ -52,10 +52,12 @@ def moe_gateup_single(gate: int, up: int, down: int, D: int, F: int, br: int, wa
 
 
 def moe_down_single(down: int, D: int, F: int, br: int, warps: int, prefetch: bool, compact: bool = False,
-                    maxnreg: int | None = None):
+                    maxnreg: int | None = None, shared: bool = False):
+    """shared: with the shared expert's down programs (moe_forward's `shared`)"""
     return M._moe_down_single.warmup(
-        F32, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), M.ONE_BITS, NSB=F // 256, DT=down,
-        BR=br, DPF=prefetch, COMPACT=compact, num_warps=warps, **LAUNCH, **_reg(maxnreg))
+        F32, I64, I32, I32, I32, U8, F32, I16, U8, D, _expert_bytes(down, D, F), M.ONE_BITS, U8, F16, F32, 6,
+        NSB=F // 256, DT=down, BR=br, DPF=prefetch, COMPACT=compact, SH=shared, SBR=M.SHARED_BR, num_warps=warps,
+        **LAUNCH, **_reg(maxnreg))
 
 
 def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):

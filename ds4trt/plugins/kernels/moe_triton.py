@@ -77,6 +77,7 @@ from gguf import quants as gguf_quants
 
 from ds4trt.plugins.kernels.int_dot import ASM, XQ_LO, dp2a, dp4a, int_words, quant_values
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
+from ds4trt.plugins.kernels.q8_triton import padded, q8_tile
 from ds4trt.plugins.kernels.wide_load import ld4
 
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
@@ -109,6 +110,15 @@ SHORT_CONFIG = ((3, {IQ2_XXS: (16, 1, None, False)}), (4, {IQ2_XXS: (16, 2, None
                 (CAP, {IQ2_XXS: (32, 4, None, False)}))
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
+# A Q8_0 shared expert's down product inside the one-pair down launch of a decode call (moe_forward's `shared`, T = 1):
+# D / SHARED_BR extra programs of SHARED_BR rows and the whole F each beside the routed down (4 rows per warp: 8
+# weight words per thread, 56 registers for the Q2_K down against 48 without, so the routed programs keep their
+# occupancy), instead of a Q8_0 launch of its own. H200, 4 Flash layers, DS4_PDL=0 (BENCHMARKS.md, twenty-ninth
+# session): routed down 12.4 + shared down 6.4 us -> 14.2 us per layer; split over F in two it was 16.6. The gate/up
+# alike (its programs beside the routed gate/up) cost more than its own launch (26.0 + 8.2 -> 38.5 us), and at T = 3
+# the down too (26.3 + 9.0 -> 41.3 us: the verify tile's registers cut the routed programs' occupancy), so only
+# the decode down takes it.
+SHARED_BR = 16
 # On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
 # T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4). So in calls of up to 16
 # tokens an expert's pairs form multi-pair items only when it has at least MULTI_MIN of them, and calls of fewer tokens
@@ -812,11 +822,34 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
 
 @triton.jit
 def _moe_down_single(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr,
-                     D, down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr,
-                     DPF: tl.constexpr, COMPACT: tl.constexpr, PDL: tl.constexpr):
+                     D, down_expert_bytes, ONE, sq_ptr, sd_ptr, sh_ptr, n_items, NSB: tl.constexpr, DT: tl.constexpr,
+                     BR: tl.constexpr, DPF: tl.constexpr, COMPACT: tl.constexpr, SH: tl.constexpr,
+                     SBR: tl.constexpr, PDL: tl.constexpr):
     """Items of one pair: y[pair, rows] = down_e h[pair]: Q2_K on the integers of _quant_h, the other types by
-    float32 FMA."""
+    float32 FMA. SH (one token): the programs past the n_items items compute y[n_items, rows] = the shared expert's
+    down (split_q8 arrays sq, sd of [D, F]) times sh [F], SBR rows each."""
     pdl_enter(PDL)
+    if SH:
+        if tl.program_id(0) >= n_items:
+            tile = (tl.program_id(0) - n_items) * tl.num_programs(1) + tl.program_id(1)
+            if tile < D // SBR:
+                rows = tile * SBR + tl.arange(0, SBR)
+                y, _, _, _ = q8_tile(sh_ptr, 0, sq_ptr, sd_ptr, rows.to(tl.int64), 0, ONE, NSB * 256, SBR, NSB, 1,
+                                     False)
+                tl.store(y_ptr + n_items * D + rows, y)
+        else:
+            _down_item(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr, D,
+                       down_expert_bytes, ONE, NSB, DT, BR, DPF, COMPACT)
+    else:
+        _down_item(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr, D,
+                   down_expert_bytes, ONE, NSB, DT, BR, DPF, COMPACT)
+
+
+@triton.jit
+def _down_item(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, grid_ptr, ksigns_ptr, D,
+               down_expert_bytes, ONE, NSB: tl.constexpr, DT: tl.constexpr, BR: tl.constexpr, DPF: tl.constexpr,
+               COMPACT: tl.constexpr):
+    """A _moe_down_single program's one-pair item (see there)."""
     item, cnt = _item(starts_ptr, cnt_ptr, COMPACT)
     if cnt == 1:
         pair = tl.load(order_ptr + item)
@@ -1024,7 +1057,7 @@ def xq_words(D: int) -> int:
 class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
     order, cnt: int32 [T*k] (the items); h: float32 [T*k, F] (with a Q2_K down, a one-pair item's row holds F
-    int32 words instead: _quant_h); y: float32 [T*k, D]; xq: int32 [T, D*7/8] (the activations as _quant_runs
+    int32 words instead: _quant_h); y: float32 [T*k, D] (shared: [T*k + T, D], the shared expert's rows last); xq: int32 [T, D*7/8] (the activations as _quant_runs
     stores them, for IQ2_XXS gate/up)."""
     order: torch.Tensor
     cnt: torch.Tensor
@@ -1033,11 +1066,11 @@ class MoEWorkspace:
     xq: torch.Tensor
 
     @classmethod
-    def create(cls, T: int, k: int, D: int, F: int, device) -> "MoEWorkspace":
+    def create(cls, T: int, k: int, D: int, F: int, device, shared: bool = False) -> "MoEWorkspace":
         P = T * k
         return cls(torch.empty(P, dtype=torch.int32, device=device), torch.empty(P, dtype=torch.int32, device=device),
                    torch.empty(P, F, dtype=torch.float32, device=device),
-                   torch.empty(P, D, dtype=torch.float32, device=device),
+                   torch.empty(P + (T if shared else 0), D, dtype=torch.float32, device=device),
                    torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
 
 
@@ -1061,7 +1094,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                 clamp: float, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
                 per_slot: bool = False, single_config: dict | None = None,
                 multi_config: tuple[int, int] = (MULTI_BR, MULTI_WARPS),
-                long_config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                long_config: tuple[int, int, int, int] | None = None,
+                shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The ds4::MoE contract (plugins/moe.py). v: [T, D] float32; ids (any integer type), weights: [T, k];
     blocks: uint8 [E, rows, row bytes] as the contract lays them out, all on one device. Returns out [T, D]
     float32 (written into `out` when given); per_slot: return instead each slot's weighted expert output [T, k, D]
@@ -1074,7 +1108,10 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
     one_pair_config(T); multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
     long_config: (CAP, rows per program, warps, stages) of those of long calls, overriding long_launch's
-    (benchmark sweeps)."""
+    (benchmark sweeps).
+    shared (T = 1 only): (sh float32 [1, F], quants, scales) of a Q8_0 shared expert whose SwiGLU sh the caller made,
+    its down weight [D, F] as q8_triton.split_q8 arrays: its down product runs in the routed down launch (SHARED_BR),
+    out then holds the routed sum plus it and per_slot returns [1, k + 1, D], the shared expert's output last."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
@@ -1103,10 +1140,14 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         raise ValueError(f"moe_forward: row tiles {gbr}, {dbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
     P = T * k
-    ws = workspace or MoEWorkspace.create(T, k, D, F, device)
-    if ws.h.shape != (P, F) or ws.y.shape != (P, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
+    if shared is not None:
+        shared = _check_shared(shared, T, D, F, device)
+    sh = int(shared is not None)
+    ws = workspace or MoEWorkspace.create(T, k, D, F, device, shared=bool(sh))
+    if ws.h.shape != (P, F) or ws.y.shape != (P + sh, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
             or ws.xq.shape != (T, xq_words(D)):
-        raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D})")
+        raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D}"
+                         f"{', the shared expert' if sh else ''})")
     if out is not None and per_slot:
         raise ValueError("moe_forward: per_slot returns the slots' outputs unsummed; out is for the summed [T, D]")
     if out is not None and (out.shape != (T, D) or out.dtype != torch.float32):
@@ -1151,9 +1192,12 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                COMPACT=long, GATE_THEN_UP=long, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
-        _moe_down_single[(n_single, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, NSB=F // QK, DT=down_type,
-                                               BR=dbr, DPF=dpf, COMPACT=long, num_warps=dwarps, **pdl,
-                                               **({"maxnreg": dreg} if dreg else {}))
+        extra = triton.cdiv(D // SHARED_BR, D // dbr) if sh else 0     # the shared expert's row tiles on axis 0
+        sh_args = (*shared[1:], shared[0]) if sh else (down_blocks, down_blocks, ws.y)   # quants, scales, sh
+        _moe_down_single[(n_single + extra, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, *sh_args, n_single,
+                                                       NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
+                                                       SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
+                                                       **({"maxnreg": dreg} if dreg else {}))
     if n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
@@ -1162,8 +1206,27 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                              DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps, **pdl,
                                              **({"num_stages": mstages} if long else {}))
     if per_slot:
-        return ws.y.view(T, k, D)
-    return torch.sum(ws.y.view(T, k, D), dim=1, out=out)
+        return ws.y.view(T, k + sh, D)
+    return torch.sum(ws.y.view(T, k + sh, D), dim=1, out=out)
+
+
+def _check_shared(shared, T: int, D: int, F: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_forward's `shared` checked -> (sh contiguous and 16-byte aligned, quants, scales)."""
+    if T != 1:
+        raise ValueError(f"moe_forward shared: the shared expert's down is computed in calls of one token, got T = {T}")
+    sh, quants, scales = shared
+    if sh.dtype != torch.float32 or tuple(sh.shape) != (1, F) or sh.device != device:
+        raise ValueError(f"moe_forward shared: expected sh float32 [1, {F}] on {device}, got {sh.dtype} "
+                         f"{list(sh.shape)} on {sh.device}")
+    if quants.dtype != torch.uint8 or scales.dtype != torch.float16 or tuple(quants.shape) != (D, padded(F)) \
+            or tuple(scales.shape) != (D, padded(F) // 32) or not quants.is_contiguous() \
+            or not scales.is_contiguous() or quants.device != device or scales.device != device:
+        raise ValueError(f"moe_forward shared: expected contiguous split_q8 arrays of the down [{D}, {F}] on {device}, "
+                         f"got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} {list(scales.shape)}")
+    sh = sh.contiguous()
+    if sh.data_ptr() % 16:                  # q8_tile reads x by 16-byte loads
+        sh = sh.clone()
+    return sh, quants, scales
 
 
 def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> torch.Tensor:

@@ -98,18 +98,47 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     PF: each step's words and scales are loaded during the step before (its latency hidden behind that step's math;
     a program of K = 1024 has only 4 steps, so without it a good part of its time is 4 waits on memory)."""
     pdl_enter(PDL)
-    KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     row0 = tl.program_id(0) * BR
-    kb0 = tl.program_id(1) * STEPS
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
-    xs = K * (N // rows_per_group)                                      # stride between x rows
+    x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
+    y0, y1, y2, y3 = q8_tile(x_row, K * (N // rows_per_group), q_ptr, d_ptr, rows, tl.program_id(1) * STEPS, ONE,
+                              K, BR, STEPS, TP, PF)
+    out_rows = row0 + tl.arange(0, BR)
+    o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
+    omask = out_rows < N
+    tl.store(o, y0, mask=omask)
+    if TP > 1:
+        tl.store(o + N, y1, mask=omask)
+    if TP > 2:
+        tl.store(o + 2 * N, y2, mask=omask)
+    if TP > 3:
+        tl.store(o + 3 * N, y3, mask=omask)
+    if SPLITS > 1:
+        tl.debug_barrier()                          # every thread's partial is stored before the count (release)
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            for t in tl.static_range(TP):
+                total = tl.zeros([BR], tl.float32)
+                for split in tl.static_range(SPLITS):     # .cg: from L2, never a stale line of this SM's L1
+                    total += tl.load(part_ptr + (split * TP + t) * N + out_rows, mask=omask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptr + t * N + out_rows, total, mask=omask)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+
+
+@triton.jit
+def q8_tile(x_row, xs, q_ptr, d_ptr, rows, kb0, ONE, K: tl.constexpr, BR: tl.constexpr, STEPS: tl.constexpr,
+            TP: tl.constexpr, PF: tl.constexpr):
+    """4 x [BR] float32: weight rows `rows` ([BR] int64) of split_q8's arrays times TP <= 4 rows of x (x_row: row 0,
+    16-byte aligned; xs: the stride between rows) over the STEPS steps of 8 blocks from step kb0 on (sums of rows
+    past TP are zeros). _q8_rows' loop (see there), also the shared expert's down in moe_triton."""
+    KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     w_ptr = q_ptr.to(tl.pointer_type(tl.uint32))
     j = tl.arange(0, 8)[:, None, None]
     b = tl.arange(0, 8)[None, :, None]
     woff = (rows * (KP // 4))[None, None, :] + 8 * j + b                               # [8, 8, BR]
     doff = (rows * (KP // 32))[None, None, :] + b + 0 * j          # [8, 8, BR]: the quants' shape, hence layout
     xoff = 32 * b + 4 * j                                                               # [8, 8, 1]: x of byte 0
-    x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
     acc0 = tl.zeros([8, 8, BR], tl.float32)
     acc1 = tl.zeros([8, 8, BR], tl.float32)
     acc2 = tl.zeros([8, 8, BR], tl.float32)
@@ -145,27 +174,8 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
                 acc2 = _word_fma(acc2, v0, v1, v2, v3, xp + 2 * xs, kb, K)
             if TP > 3:
                 acc3 = _word_fma(acc3, v0, v1, v2, v3, xp + 3 * xs, kb, K)
-    out_rows = row0 + tl.arange(0, BR)
-    o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
-    omask = out_rows < N
-    tl.store(o, tl.sum(tl.sum(acc0, axis=0), axis=0), mask=omask)
-    if TP > 1:
-        tl.store(o + N, tl.sum(tl.sum(acc1, axis=0), axis=0), mask=omask)
-    if TP > 2:
-        tl.store(o + 2 * N, tl.sum(tl.sum(acc2, axis=0), axis=0), mask=omask)
-    if TP > 3:
-        tl.store(o + 3 * N, tl.sum(tl.sum(acc3, axis=0), axis=0), mask=omask)
-    if SPLITS > 1:
-        tl.debug_barrier()                          # every thread's partial is stored before the count (release)
-        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            for t in tl.static_range(TP):
-                total = tl.zeros([BR], tl.float32)
-                for split in tl.static_range(SPLITS):     # .cg: from L2, never a stale line of this SM's L1
-                    total += tl.load(part_ptr + (split * TP + t) * N + out_rows, mask=omask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(out_ptr + t * N + out_rows, total, mask=omask)
-            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+    return (tl.sum(tl.sum(acc0, axis=0), axis=0), tl.sum(tl.sum(acc1, axis=0), axis=0),
+            tl.sum(tl.sum(acc2, axis=0), axis=0), tl.sum(tl.sum(acc3, axis=0), axis=0))
 
 
 @triton.jit

@@ -43,7 +43,7 @@ from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows, unrotate
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
-from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
+from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route, swiglu
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
@@ -94,6 +94,22 @@ def moe_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_block
 @moe_op.register_fake
 def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp):
     return v.new_empty(v.shape[0], ids.shape[1], v.shape[1])
+
+
+@torch.library.custom_op("ds4trt::moe_with_shared", mutates_args=())
+def moe_with_shared_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
+                       up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
+                       clamp: float, sh: torch.Tensor, down_quants: torch.Tensor,
+                       down_scales: torch.Tensor) -> torch.Tensor:
+    """-> [1, k + 1, D]: each slot's weighted expert output, then the shared expert's down of sh (ExpertsAndShared)"""
+    return moe_triton.moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type,
+                                  down_type, clamp, per_slot=True, shared=(sh, down_quants, down_scales))
+
+
+@moe_with_shared_op.register_fake
+def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp, sh, down_quants,
+      down_scales):
+    return v.new_empty(v.shape[0], ids.shape[1] + 1, v.shape[1])
 
 
 @torch.library.custom_op("ds4trt::hc_pre", mutates_args=())
@@ -414,6 +430,36 @@ class CudaExperts(GGUFExperts):
         return y.sum(dim=1)                                                             # [T, k, D] -> [T, D]
 
 
+class ExpertsAndShared:
+    """model/transformer.py FeedForward.both_experts on this backend, for a Q8_0 shared expert: in one-token steps
+    (decode, draft) the shared expert's down product runs inside the routed experts' down launch (moe_triton
+    SHARED_BR: one Q8_0 launch fewer per layer), its gate and up as LinearGroup's one launch and the SwiGLU in the
+    glue as before; longer steps compute the two apart (FeedForward.routed_plus_shared)."""
+
+    def __init__(self, ffn: FeedForward):
+        self.experts, self.gate, self.up, self.down, self.group = ffn.experts, ffn.sh_gate, ffn.sh_up, ffn.sh_down, \
+            ffn.group
+        self.apart = ffn.routed_plus_shared
+        self.clamp = ffn.cfg.swiglu_clamp
+
+    @staticmethod
+    def applies(ffn: FeedForward) -> bool:
+        """Routed experts on this backend's kernels, and a Q8_0 shared expert of their width and clamp."""
+        return isinstance(ffn.experts, CudaExperts) and isinstance(ffn.sh_down, Q8Linear) \
+            and ffn.sh_down.groups == 1 and ffn.sh_down.K == ffn.experts.gate_blocks.shape[1] \
+            and ffn.experts.clamp == ffn.cfg.swiglu_clamp
+
+    def __call__(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
+        if v.shape[0] != 1:
+            return self.apart(v, ids, weights)
+        sh = swiglu(*self.group(v, self.gate, self.up), self.clamp)                  # [1, F]
+        e = self.experts
+        y = moe_with_shared_op(v, ids, weights, e.gate_blocks, e.up_blocks, e.down_blocks, *e.types, e.clamp, sh,
+                               self.down.quants, self.down.scales)
+        return y.sum(dim=1)                                                         # [1, k + 1, D] -> [1, D]
+
+
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
     the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k, the router's
@@ -442,6 +488,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))
             m.route = route_kernel
+            if ExpertsAndShared.applies(m):
+                m.both_experts = ExpertsAndShared(m)
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
     return model
