@@ -17,7 +17,8 @@ synchronization, so a CUDA graph can capture a call:
                    programs 1.. store the activations as integers for its one-pair kernel (_quant_runs).
   2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
                    BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
-  3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs.
+  3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs; with `shared` (one
+                   token) also a Q8_0 shared expert's down product of its SwiGLU sh, in extra programs (SHARED_BR).
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
@@ -114,10 +115,10 @@ SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # D / SHARED_BR extra programs of SHARED_BR rows and the whole F each beside the routed down (4 rows per warp: 8
 # weight words per thread, 56 registers for the Q2_K down against 48 without, so the routed programs keep their
 # occupancy), instead of a Q8_0 launch of its own. H200, 4 Flash layers, DS4_PDL=0 (BENCHMARKS.md, twenty-ninth
-# session): routed down 12.4 + shared down 6.4 us -> 14.2 us per layer; split over F in two it was 16.6. The gate/up
-# alike (its programs beside the routed gate/up) cost more than its own launch (26.0 + 8.2 -> 38.5 us), and at T = 3
-# the down too (26.3 + 9.0 -> 41.3 us: the verify tile's registers cut the routed programs' occupancy), so only
-# the decode down takes it.
+# session): routed down 12.4 + shared down 6.4 us -> 14.2 us per layer (split over F in two: 16.6), and at 43 layers
+# the decode step 7.38 / 7.19 -> 7.02 / 7.06 ms in two rounds. The gate/up alike (its programs beside the routed
+# gate/up) cost more than its own launch (26.0 + 8.2 -> 38.5 us), and at T = 3 the down too (26.3 + 9.0 -> 41.3 us:
+# the verify tile's registers cut the routed programs' occupancy), so only the decode down takes it.
 SHARED_BR = 16
 # On the H200 (BENCHMARKS.md, q2) a multi-pair item costs about as much as 4.5 one-pair items (6 experts shared by
 # T = 2..4 tokens: 464-468 us; 6T distinct experts, one pair each: 227 us at T = 2, 402 at 4). So in calls of up to 16
@@ -1057,8 +1058,8 @@ def xq_words(D: int) -> int:
 class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
     order, cnt: int32 [T*k] (the items); h: float32 [T*k, F] (with a Q2_K down, a one-pair item's row holds F
-    int32 words instead: _quant_h); y: float32 [T*k, D] (shared: [T*k + T, D], the shared expert's rows last); xq: int32 [T, D*7/8] (the activations as _quant_runs
-    stores them, for IQ2_XXS gate/up)."""
+    int32 words instead: _quant_h); y: float32 [T*k, D] (shared: [T*k + T, D], the shared expert's rows last);
+    xq: int32 [T, D*7/8] (the activations as _quant_runs stores them, for IQ2_XXS gate/up)."""
     order: torch.Tensor
     cnt: torch.Tensor
     h: torch.Tensor

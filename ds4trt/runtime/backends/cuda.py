@@ -5,7 +5,8 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
     s = engine.session(4096)                                 # the same Session / speculative loop as on the CPU
 
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
-bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks), the F16 matrices of the router,
+bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks; in one-token steps the shared
+expert's down product runs inside their down launch, ExpertsAndShared), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at a time into bf16 parts for a bf16
 tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one kernel from its blocks
@@ -468,7 +469,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
     indexer query rounding (head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
     stream update (attend_kernel, index_score_kernel, hc_combine); the projections of one input become one launch per
     weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate +
-    up)."""
+    up), and in one-token steps the shared expert's down product joins the routed experts' down launch
+    (ExpertsAndShared)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
