@@ -125,6 +125,33 @@ def test_step_does_not_depend_on_capacity(numerics, tmp_path, monkeypatch):
         assert ((outs[0] - other).abs().max() / outs[0].abs().max()).item() <= 1e-9
 
 
+@pytest.mark.parametrize("numerics", ["ds4", "float"])
+def test_indexer_skipped_only_where_it_keeps_every_row(numerics, tmp_path):
+    """Where no token of a step sees more than top-k compressed rows (indexer_needed false), the ratio-4 layers without
+    the indexer (attending every visible row) give the indexer's logits; one position later the indexer drops rows and
+    the two differ, so the bound is tight. Steps picks the flag from the cache's position."""
+    from ds4trt.model.attention import indexer_needed
+
+    cfg = tiny_config()
+    k = cfg.index_top_k
+    path = tmp_path / "m.gguf"
+    write_model_gguf(path, cfg, seed=17)
+    engine = Engine.open(path, numerics=numerics, dtype=torch.float64)
+    tokens = torch.randint(0, cfg.n_vocab, (4 * k + 8,), generator=torch.Generator().manual_seed(4)).tolist()
+    last = 4 * k + 3                                  # the last end (start + T) at which the indexer keeps every row
+    assert not indexer_needed(cfg, last) and indexer_needed(cfg, last + 1)
+    for T in (1, 3):
+        for end, same in ((T + 4, True), (last, True), (last + 1, False), (last + 4, False)):
+            s = engine.session(64)
+            s.prefill(tokens[:end - T])
+            assert s.target.indexer(T) == (not same)
+            t = torch.tensor(tokens[end - T:end])
+            with torch.no_grad():
+                on, off = (s.model(t, s.cache.start(), s.cache.layers, indexer=flag)[0] for flag in (True, False))
+            rel = ((on - off).abs().max() / on.abs().max()).item()
+            assert (rel <= 1e-12) if same else (rel > 1e-6), (T, end, rel)
+
+
 def test_rewind_replays_exactly(tiny_gguf):
     engine = Engine.open(tiny_gguf, dtype=torch.float64)
     tokens = torch.randint(0, engine.cfg.n_vocab, (40,), generator=torch.Generator().manual_seed(9)).tolist()

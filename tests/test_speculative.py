@@ -278,8 +278,8 @@ class _SteeredHead:
     def __init__(self, mtp: MTPHead):
         self.mtp, self.cfg, self.plan, self.calls = mtp, mtp.cfg, [], 0
 
-    def __call__(self, tokens, h, start, caches, last_only: bool = False):
-        logits, hc, rows = self.mtp(tokens, h, start, caches, last_only=last_only)
+    def __call__(self, tokens, h, start, caches, last_only: bool = False, indexer: bool = True):
+        logits, hc, rows = self.mtp(tokens, h, start, caches, last_only=last_only, indexer=indexer)
         k, self.calls = self.calls, self.calls + 1
         if k < len(self.plan) and self.plan[k] is not None:
             tok, gap = self.plan[k]

@@ -25,6 +25,14 @@ GATHER_T = 16       # steps of up to this many rows (decode, verify) attend over
 # rows when the cache holds more than top-k of them; longer ones over the whole cache, masked
 
 
+def indexer_needed(cfg: ModelConfig, end: int) -> bool:
+    """Whether a step whose last token is at position end - 1 needs the ratio-4 layers' indexer: only when that token
+    sees more than index_top_k of a layer's compressed rows (floor(end / 4) of them). Otherwise its top-k would keep
+    every visible row, the rows the attention reads without it, so ds4 skips it there (spec §3.6) and so does a step
+    told `indexer=False` (Attention.forward)."""
+    return end // 4 > cfg.index_top_k
+
+
 def _by_query_blocks(fn, *rows: torch.Tensor) -> torch.Tensor:
     """fn(*rows) for tensors whose dim 0 is the T queries, each query's result depending on its own rows alone; in
     blocks of QUERY_BLOCK queries when T is larger (same values, less memory)."""
@@ -205,9 +213,10 @@ class Attention(nn.Module):
         self.kv_row = kv_row
         self.group = project_group
 
-    def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache):
-        """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0.
-        returns a: [T, D] attention output, LayerRows proposed for the caches."""
+    def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache, indexer: bool = True):
+        """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0; indexer: False when no token of the step
+        sees more than index_top_k compressed rows (indexer_needed): a ratio-4 layer then attends every visible one
+        without scoring them (the same rows). Returns a: [T, D] attention output, LayerRows proposed for the caches."""
         cfg = self.cfg
         T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
         pos = start + torch.arange(T, device=y.device)              # [T]
@@ -247,20 +256,21 @@ class Attention(nn.Module):
                 rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
                                                         cache.index_score, start)
-                index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
-                top = self._indexer_top(uc[4], qn, cos, sin, cache.index, index_new, comp_vis)      # [T, k]
-                if T <= GATHER_T and top.shape[1] < comp.shape[0]:
-                    # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
-                    # context): row t sees block t of the gathered rows, where they are visible (the attention
-                    # kernel skips the other rows' blocks)
-                    own = torch.arange(T, device=y.device)
-                    own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
-                    comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
-                    comp = comp[top.reshape(-1)]                                              # [T*k, d]
-                else:
-                    # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
-                    # ScatterElements has no BOOL
-                    comp_vis = comp_vis & (torch.zeros_like(comp_vis, dtype=torch.float32).scatter(1, top, 1.0) > 0)
+                if indexer:
+                    index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
+                    top = self._indexer_top(uc[4], qn, cos, sin, cache.index, index_new, comp_vis)      # [T, k]
+                    if T <= GATHER_T and top.shape[1] < comp.shape[0]:
+                        # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
+                        # context): row t sees block t of the gathered rows, where they are visible (the attention
+                        # kernel skips the other rows' blocks)
+                        own = torch.arange(T, device=y.device)
+                        own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
+                        comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
+                        comp = comp[top.reshape(-1)]                                              # [T*k, d]
+                    else:
+                        # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
+                        # ScatterElements has no BOOL
+                        comp_vis = comp_vis & (torch.zeros_like(comp_vis, dtype=torch.float32).scatter(1, top, 1.0) > 0)
             keys.append(comp)
             masks.append(comp_vis)
 

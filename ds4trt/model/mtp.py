@@ -51,8 +51,9 @@ class MTPHead(nn.Module):
         return StepOutput(hc=X, rows=[rows])
 
     def forward(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
-                last_only: bool = False):
-        """step + head: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
+                last_only: bool = False, indexer: bool = True):
+        """step + head: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows. indexer: Transformer.forward's
+        argument, accepted for the same call (the MTP block has no indexer)."""
         out = self.step(tokens, h, start, caches)
         return self.head(out.hc[-1:] if last_only else out.hc), out.hc, out.rows
 

@@ -85,10 +85,11 @@ class Block(nn.Module):
         self.hc_ffn = HyperConnection(cfg, w, prefix + "hc_ffn")
         self.ffn = FeedForward(cfg, weights, prefix, hash_routed, experts, linear)
 
-    def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache):
-        """X: [T, S, D] -> [T, S, D], LayerRows"""
+    def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache,
+                indexer: bool = True):
+        """X: [T, S, D] -> [T, S, D], LayerRows (indexer: Attention.forward's)"""
         y, post, comb = self.hc_attn.pre(X)
-        a, rows = self.attn(y, start, cache)
+        a, rows = self.attn(y, start, cache, indexer)
         X = self.hc_attn.post(a, X, post, comb)
         y, post, comb = self.hc_ffn.pre(X)
         return self.hc_ffn.post(self.ffn(y, tokens), X, post, comb), rows
@@ -118,19 +119,23 @@ class Transformer(nn.Module):
             _param(w(N.OUTPUT_HC_BASE))
         self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), linear(weights, N.OUTPUT)
 
-    def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache]) -> StepOutput:
-        """tokens: [T] int64 at positions start..start+T-1; caches: read only."""
+    def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
+             indexer: bool = True) -> StepOutput:
+        """tokens: [T] int64 at positions start..start+T-1; caches: read only; indexer: False only where
+        attention.indexer_needed(cfg, start + T) is False (the same result without the indexer's work)."""
         X = self.embed[tokens][:, None, :].repeat(1, self.cfg.n_hc, 1)     # same embedding in every stream
         rows = []
         for block, cache in zip(self.blocks, caches):
-            X, r = block(X, tokens, start, cache)
+            X, r = block(X, tokens, start, cache, indexer)
             rows.append(r)
         return StepOutput(hc=X, rows=rows)
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False):
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False,
+                indexer: bool = True):
         """The step and the head: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows. Every backend
-        (PyTorch, ONNX Runtime, TensorRT) offers this same call; the session uses nothing else."""
-        out = self.step(tokens, start, caches)
+        (PyTorch, ONNX Runtime, TensorRT) offers this same call; the session uses nothing else. indexer: see step
+        (an exported engine always runs the indexer, which then keeps the same rows)."""
+        out = self.step(tokens, start, caches, indexer)
         return self.head(out.hc[-1:] if last_only else out.hc), out.hc, out.rows
 
     def head(self, hc: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ds4trt.model.attention import indexer_needed
 from ds4trt.runtime.cache import CacheState
 
 
@@ -22,10 +23,16 @@ class Steps:
         self.device = cache.layers[0].raw.device
 
     def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
-        """tokens at positions cache.pos..; h: [T, S, D] for the MTP head. -> logits [T or 1, V], hc [T, S, D], rows"""
+        """tokens at positions cache.pos..; h: [T, S, D] for the MTP head. -> logits [T or 1, V], hc [T, S, D], rows.
+        The indexer runs only where some token sees more than top-k compressed rows (indexer_needed)."""
         t = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         args = (t,) if h is None else (t, h)
-        return self.model(*args, self.cache.start(), self.cache.layers, last_only=last_only)
+        return self.model(*args, self.cache.start(), self.cache.layers, last_only=last_only,
+                          indexer=self.indexer(len(tokens)))
+
+    def indexer(self, T: int) -> bool:
+        """Whether a step of T tokens from the cache's position needs the indexer."""
+        return indexer_needed(self.cache.cfg, self.cache.pos + T)
 
     def commit(self, rows, n: int) -> None:
         self.cache.commit(rows, n)

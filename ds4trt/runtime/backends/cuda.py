@@ -19,13 +19,14 @@ two (attn_triton), the indexer's scores as one (index_triton), the raw KV row an
 too (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
-Graphs: GraphedSteps captures `run` for each (T, last_only) with T <= MAX_GRAPH_T (decode, verify of up to 8
-drafts, draft, catch-up) and `commit` for each (T, last_only, n); prefill chunks run eagerly. Every graph
+Graphs: GraphedSteps captures `run` for each (T, last_only, indexer) with T <= MAX_GRAPH_T (decode, verify of up to 8
+drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer) and `commit` for
+each of those and n; prefill chunks run eagerly. Every graph
 reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
-per block kind and step length, compiled on first use (about a minute per step length for the 43 Flash
+per block kind, step length and indexer flag, compiled on first use (about a minute per step length for the 43 Flash
 layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch independent small
 kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent launch (PDL) like the
 package's own kernels (plugins/kernels/pdl.py).
@@ -503,8 +504,8 @@ class _Captured:
 
 
 class GraphedSteps(Steps):
-    """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only) for `run`, one per
-    (T, last_only, n) for `commit`. The first call of a shape runs it eagerly (compiling the Triton kernels),
+    """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer) for `run`, one per
+    (T, last_only, indexer, n) for `commit`. The first call of a shape runs it eagerly (compiling the Triton kernels),
     then captures it. `run` returns logits and hc as fresh tensors and the rows as the graph's own outputs:
     valid until this object's next `run` (commit them before that)."""
 
@@ -516,9 +517,9 @@ class GraphedSteps(Steps):
         self.commits: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.last: tuple | None = None          # key and rows of the latest graphed run
 
-    def _call(self, g: _Captured, last_only: bool):
+    def _call(self, g: _Captured, last_only: bool, indexer: bool):
         args = (g.tokens,) if g.h is None else (g.tokens, g.h)
-        return self.model(*args, self.start, self.cache.layers, last_only=last_only)
+        return self.model(*args, self.start, self.cache.layers, last_only=last_only, indexer=indexer)
 
     def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
         T = len(tokens)
@@ -526,7 +527,8 @@ class GraphedSteps(Steps):
             self.last = None
             with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
                 return super().run(tokens, h, last_only)
-        key = (T, last_only)
+        indexer = self.indexer(T)
+        key = (T, last_only, indexer)
         self.start.fill_(self.cache.pos)
         g = self.graphs.get(key)
         if g is None:
@@ -535,11 +537,11 @@ class GraphedSteps(Steps):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):                     # warm-up: Triton compiles, lookup tables load
-                self._call(g, last_only)
+                self._call(g, last_only, indexer)
             torch.cuda.current_stream().wait_stream(side)
             g.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.graph):
-                g.out = self._call(g, last_only)
+                g.out = self._call(g, last_only, indexer)
             self.graphs[key] = g
         g.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
         if h is not None:

@@ -66,15 +66,17 @@ class OrtStep:
 
 
 class OrtTarget(OrtStep):
-    def __call__(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False):
-        """Transformer.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
+    def __call__(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False,
+                 indexer: bool = True):
+        """Transformer.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows (the graph always runs the
+        indexer: `indexer` changes nothing)."""
         return self._run({"tokens": _numpy(tokens, np.int64), "start": _numpy(start, np.int64).reshape(())},
                          caches, last_only)
 
 
 class OrtMTP(OrtStep):
     def __call__(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
-                 last_only: bool = False):
+                 last_only: bool = False, indexer: bool = True):
         """MTPHead.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
         return self._run({"tokens": _numpy(tokens, np.int64), "h": _numpy(h, np.float32),
                           "start": _numpy(start, np.int64).reshape(())}, caches, last_only)

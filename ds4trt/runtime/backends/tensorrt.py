@@ -254,13 +254,16 @@ class TrtStep:
 
 
 class TrtTarget(TrtStep):
-    def __call__(self, tokens: torch.Tensor, start: torch.Tensor, caches, last_only: bool = False):
-        """Transformer.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
+    def __call__(self, tokens: torch.Tensor, start: torch.Tensor, caches, last_only: bool = False,
+                 indexer: bool = True):
+        """Transformer.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows (the engine always runs the
+        indexer: `indexer` changes nothing)."""
         return self._run({"tokens": tokens, "start": start}, caches, last_only)
 
 
 class TrtMTP(TrtStep):
-    def __call__(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches, last_only: bool = False):
+    def __call__(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches, last_only: bool = False,
+                 indexer: bool = True):
         """MTPHead.forward: logits [T, V] ([1, V] if last_only), hc [T, S, D], rows."""
         return self._run({"tokens": tokens, "h": h, "start": start}, caches, last_only)
 
