@@ -24,7 +24,8 @@ Measured (median of --repeats, CUDA events around run + commit, so host work bet
   prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run
            eagerly), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
-one embedding row per token; the visible cache rows), the floor = bytes / measured copy bandwidth, and the
+one embedding row per token; the visible cache rows; no indexer query weights or rows for steps that need no
+indexer, attention.indexer_needed: a decode below position 2048), the floor = bytes / measured copy bandwidth, and the
 achieved fraction. Also the device memory of the model and the peak of the whole run.
 """
 
@@ -46,6 +47,7 @@ from bench_kernels import copy_bandwidth, random_blocks  # noqa: E402
 
 from ds4trt.gguf_io import names as N  # noqa: E402
 from ds4trt.gguf_io.dequant import tensor_nbytes, type_name  # noqa: E402
+from ds4trt.model.attention import indexer_needed  # noqa: E402
 from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.layout import mtp_layout, target_layout  # noqa: E402
 from ds4trt.model.mtp import MTPHead  # noqa: E402
@@ -114,11 +116,15 @@ def flash_layers(layers: int) -> ModelConfig:
 
 
 def step_bytes(w: SyntheticWeights, cfg: ModelConfig, T: int, pos: int) -> float:
-    """Bytes a step of T tokens at position pos must read, in GGUF formats (see the module docstring)."""
+    """Bytes a step of T tokens at position pos must read, in GGUF formats (see the module docstring); where the step
+    needs no indexer (attention.indexer_needed), without the indexer's query weights and rows."""
     total = 0.0
     used = min(cfg.n_expert, T * cfg.n_expert_used)
+    indexer = indexer_needed(cfg, pos + T)
     for name in w.specs:
         b = w.nbytes(name)
+        if "indexer.attn_q_b" in name and not indexer:
+            continue
         if "_exps." in name:
             b *= used / cfg.n_expert
         elif name == N.TOKEN_EMBD:
@@ -129,7 +135,7 @@ def step_bytes(w: SyntheticWeights, cfg: ModelConfig, T: int, pos: int) -> float
         total += (cfg.window - 1) * cfg.head_dim * 4
         if r:
             total += (pos // r) * cfg.head_dim * 4
-        if r == 4:
+        if r == 4 and indexer:
             total += (pos // 4) * cfg.index_head_dim * 4
     return total
 
@@ -337,9 +343,12 @@ def main() -> int:
                 if args.trace:
                     ordered = sorted(kernels, key=lambda e: e.time_range.start)
                     n = len(ordered) // 5
-                    with open(args.trace if T == 1 else f"{args.trace}.T{T}", "w") as f:
+                    path = args.trace if T == 1 else f"{args.trace}.T{T}"
+                    with open(path, "w") as f, open(path + ".timeline", "w") as tl:
+                        t0 = ordered[2 * n].time_range.start
                         for e in ordered[2 * n:3 * n]:                     # the third step
                             f.write(f"{e.time_range.elapsed_us():.1f}\t{e.name}\n")
+                            tl.write(f"{e.time_range.start - t0:.1f}\t{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
             with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
