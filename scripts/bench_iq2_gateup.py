@@ -127,24 +127,32 @@ def rearrange(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             b[..., :2].contiguous().view(torch.float16).view(E, NSB, F))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default="16,32", help="rows per program to time (comma list)")
-    ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--splits", default="", help="rows:warps:splits configs of the split loop (comma list)")
-    args = ap.parse_args()
+def one_layer():
+    """One Flash layer's random IQ2_XXS gate and up experts, the selector table, one token's activations as
+    _quant_runs stores them, R sets of 6 experts (together over 4x the L2: the weights come from HBM) and the copy
+    bandwidth -> (gate, up uint8 [E, F, row bytes], dp, xq, sets, bandwidth)."""
     gen = torch.Generator(device="cuda").manual_seed(1)
     gate = random_blocks(M.IQ2_XXS, F, D, lead=E, gen=gen).view(E, F, -1)
     up = random_blocks(M.IQ2_XXS, F, D, lead=E, gen=gen).view(E, F, -1)
-    (grec, gd), (urec, ud) = rearrange(gate), rearrange(up)
     _, _, dp = M._tables(gate.device)
-    bw = copy_bandwidth()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     R = max(4, -(-4 * l2 // (K_SLOTS * 2 * F * NSB * 66)))
     sets = [torch.randperm(E, device="cuda", generator=gen)[:K_SLOTS] for _ in range(R)]
     v = torch.randn(D, device="cuda", generator=gen) * 3
     xq = torch.empty(D * 7 // 8, dtype=torch.int32, device="cuda")
     _quant[(NSB,)](v, xq, D=D)
+    return gate, up, dp, xq, sets, copy_bandwidth()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="16,32", help="rows per program to time (comma list)")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--splits", default="", help="rows:warps:splits configs of the split loop (comma list)")
+    args = ap.parse_args()
+    gate, up, dp, xq, sets, bw = one_layer()
+    R = len(sets)
+    (grec, gd), (urec, ud) = rearrange(gate), rearrange(up)
     outs = {name: (torch.full((K_SLOTS, F), float("nan"), device="cuda"),
                    torch.full((K_SLOTS, F), float("nan"), device="cuda")) for name in ("gguf", "rep")}
     nbytes = K_SLOTS * 2 * F * NSB * 66

@@ -29,11 +29,11 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_iq2_gateup import _quant  # noqa: E402
-from bench_kernels import D, E, F, K_SLOTS, copy_bandwidth, random_blocks, time_graph  # noqa: E402
+from bench_iq2_gateup import one_layer  # noqa: E402
+from bench_kernels import D, F, K_SLOTS, time_graph  # noqa: E402
 
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
-from ds4trt.plugins.kernels.int_dot import ASM, XQ_LO, dp2a, dp4a  # noqa: E402
+from ds4trt.plugins.kernels.int_dot import ASM  # noqa: E402
 
 NSB = D // 256
 MODES = {0: "global tables (main)", 1: "no tables (bound)", 2: "signs by arithmetic", 3: "smem, 2 gathers",
@@ -71,15 +71,7 @@ def block_sel(acc, s0, s1, s2, s3, hi, d, xq_ptr, sb, NSB: tl.constexpr):
     y = tl.zeros(acc.shape, tl.float32)
     sels = (s0, s1, s2, s3)
     for l in tl.static_range(4):
-        sel = sels[l]
-        w0 = M._prmt_q(sel)
-        w1 = M._prmt_q(sel >> 16)
-        sh = dp4a(w1, h1[l], dp4a(w0, h0[l], 0))
-        sl = dp2a(l0[l], w0, 0, False)
-        sl = dp2a(l1[l], w0, sl, True)
-        sl = dp2a(l2[l], w1, sl, False)
-        sl = dp2a(l3[l], w1, sl, True)
-        y += xu[l].to(tl.float32, bitcast=True) * (sh * XQ_LO + sl).to(tl.float32)
+        y = M._iq2_dp_run(y, sels[l], h0[l], h1[l], l0[l], l1[l], l2[l], l3[l], xu[l])
     dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * M._u2f(2 * (hi.to(tl.int32) >> 12) + 1))
     return acc + dl * y
 
@@ -145,16 +137,23 @@ def _split8(g):
 
 
 @triton.jit
-def gateup_variant(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, expert_bytes, F: tl.constexpr,
-                   NSB: tl.constexpr, BR: tl.constexpr, MODE: tl.constexpr):
-    """MODE 0..2: sels_global; 3: both tables through one shared-memory gather per step; 4: the grid through one
-    shared-memory gather per step, signs by arithmetic."""
+def _program(ids_ptr, gate_ptr, up_ptr, expert_bytes, NSB: tl.constexpr, BR: tl.constexpr):
+    """This program's pair, first row, the pair's gate and up expert as uint16 pointers and its rows' half-word
+    offsets."""
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     row0 = tl.program_id(1) * BR
     g16 = (gate_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
     u16 = (up_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
-    rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
+    return pair, row0, g16, u16, (row0 + tl.arange(0, BR)) * (NSB * 33)
+
+
+@triton.jit
+def gateup_variant(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, expert_bytes, F: tl.constexpr,
+                   NSB: tl.constexpr, BR: tl.constexpr, MODE: tl.constexpr):
+    """MODE 0..2: sels_global; 3: both tables through one shared-memory gather per step; 4: the grid through one
+    shared-memory gather per step, signs by arithmetic."""
+    pair, row0, g16, u16, rh = _program(ids_ptr, gate_ptr, up_ptr, expert_bytes, NSB, BR)
     acc_g = tl.zeros([8, BR], tl.float32)
     acc_u = tl.zeros([8, BR], tl.float32)
     if MODE >= 3:
@@ -210,12 +209,7 @@ def gateup_variant(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, expe
 def gateup_prefetch(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, expert_bytes, F: tl.constexpr,
                     NSB: tl.constexpr, BR: tl.constexpr, DIST: tl.constexpr):
     """Main's pair loop (global tables) with the fields of block sb + DIST loaded in step sb (DIST 1 or 2)."""
-    pair = tl.program_id(0)
-    e = tl.load(ids_ptr + pair).to(tl.int64)
-    row0 = tl.program_id(1) * BR
-    g16 = (gate_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
-    u16 = (up_ptr + e * expert_bytes).to(tl.pointer_type(tl.uint16))
-    rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
+    pair, row0, g16, u16, rh = _program(ids_ptr, gate_ptr, up_ptr, expert_bytes, NSB, BR)
     acc_g = tl.zeros([8, BR], tl.float32)
     acc_u = tl.zeros([8, BR], tl.float32)
     ga01, ga23, glo, ghi, gd = M._iq2_fields(g16, rh, 0)
@@ -243,17 +237,8 @@ def gateup_prefetch(ids_ptr, gate_ptr, up_ptr, xq_ptr, dp_ptr, g_out, u_out, exp
 
 
 def main() -> int:
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    gate = random_blocks(M.IQ2_XXS, F, D, lead=E, gen=gen).view(E, F, -1)
-    up = random_blocks(M.IQ2_XXS, F, D, lead=E, gen=gen).view(E, F, -1)
-    _, _, dp = M._tables(gate.device)
-    bw = copy_bandwidth()
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    R = max(4, -(-4 * l2 // (K_SLOTS * 2 * F * NSB * 66)))
-    sets = [torch.randperm(E, device="cuda", generator=gen)[:K_SLOTS] for _ in range(R)]
-    v = torch.randn(D, device="cuda", generator=gen) * 3
-    xq = torch.empty(D * 7 // 8, dtype=torch.int32, device="cuda")
-    _quant[(NSB,)](v, xq, D=D)
+    gate, up, dp, xq, sets, bw = one_layer()
+    R = len(sets)
     nbytes = K_SLOTS * 2 * F * NSB * 66
     print(f"{torch.cuda.get_device_name()}, copy {bw / 1e12:.3f} TB/s; gate/up {nbytes / 1e6:.1f} MB, floor "
           f"{nbytes / bw * 1e6:.2f} us; {R} expert sets per graph; us, three timings each")

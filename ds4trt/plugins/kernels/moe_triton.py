@@ -592,16 +592,23 @@ def _iq2_dp_block(acc, a01, a23, lo, hi, d, xq_ptr, sb, dp_ptr, NSB: tl.constexp
         a = a01 if l < 2 else a23
         idx = (a.to(tl.int32) >> (8 * (l % 2))) & 255                                  # grid index of run l
         sel = tl.load(dp_ptr + idx) | tl.load(dp_ptr + 256 + ((bw >> (7 * l)) & 127))
-        w0 = _prmt_q(sel)                                                              # values 0..3 as int8
-        w1 = _prmt_q(sel >> 16)                                                        # values 4..7
-        sh = dp4a(w1, h1[l], dp4a(w0, h0[l], 0))
-        sl = dp2a(l0[l], w0, 0, False)
-        sl = dp2a(l1[l], w0, sl, True)
-        sl = dp2a(l2[l], w1, sl, False)
-        sl = dp2a(l3[l], w1, sl, True)
-        y += xu[l].to(tl.float32, bitcast=True) * (sh * XQ_LO + sl).to(tl.float32)
+        y = _iq2_dp_run(y, sel, h0[l], h1[l], l0[l], l1[l], l2[l], l3[l], xu[l])
     dl = d.to(tl.float16, bitcast=True).to(tl.float32) * (0.125 * _u2f(2 * (hi.to(tl.int32) >> 12) + 1))
     return acc + dl * y
+
+
+@triton.jit
+def _iq2_dp_run(y, sel, h0, h1, l0, l1, l2, l3, xu):
+    """y + one run's u * (8 signed magnitudes . x's integers): sel the run's prmt selector, h0, h1, l0..l3 and xu its
+    words of x's 7 planes (_iq2_dp_block)."""
+    w0 = _prmt_q(sel)                                                                  # values 0..3 as int8
+    w1 = _prmt_q(sel >> 16)                                                            # values 4..7
+    sh = dp4a(w1, h1, dp4a(w0, h0, 0))
+    sl = dp2a(l0, w0, 0, False)
+    sl = dp2a(l1, w0, sl, True)
+    sl = dp2a(l2, w1, sl, False)
+    sl = dp2a(l3, w1, sl, True)
+    return y + xu.to(tl.float32, bitcast=True) * (sh * XQ_LO + sl).to(tl.float32)
 
 
 @triton.jit
