@@ -31,8 +31,9 @@ class Steps:
                           indexer=self.indexer(len(tokens)))
 
     def indexer(self, T: int) -> bool:
-        """Whether a step of T tokens from the cache's position needs the indexer."""
-        return indexer_needed(self.cache.cfg, self.cache.pos + T)
+        """Whether a step of T tokens from the cache's position needs the indexer (never for caches without ratio-4
+        layers, such as the MTP block's)."""
+        return 4 in self.cache.ratios and indexer_needed(self.cache.cfg, self.cache.pos + T)
 
     def commit(self, rows, n: int) -> None:
         self.cache.commit(rows, n)
