@@ -98,6 +98,9 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # 32 x 4, the decode step ~0.1 ms faster (BENCHMARKS.md, 2026-12-02, twenty-sixth session); two blocks per step on
 # [2, group, row] tiles at 8 warps, the loop unrolled by two, the K range split over programs and the blocks kept
 # rearranged (records apart from scales, scripts/bench_iq2_gateup.py) were all no faster.
+# Nor were the pair loop's next fields loaded a step ahead (26.4 against 24.8 us) or its selector tables in shared
+# memory or by arithmetic (26.7-31 us; with no tables at all, a bound, 20.1): scripts/bench_iq2_tables.py, thirtieth
+# session.
 # A Q2_K down runs on integer dot products too (_q2k_dp_rows), which has no prefetch form: loading the next block
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
