@@ -259,18 +259,7 @@ class Attention(nn.Module):
                 if indexer:
                     index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
                     top = self._indexer_top(uc[4], qn, cos, sin, cache.index, index_new, comp_vis)      # [T, k]
-                    if T <= GATHER_T and top.shape[1] < comp.shape[0]:
-                        # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short
-                        # context): row t sees block t of the gathered rows, where they are visible (the attention
-                        # kernel skips the other rows' blocks)
-                        own = torch.arange(T, device=y.device)
-                        own_block = (own[:, None] == own[None, :])[:, :, None]                   # [T, T, 1]
-                        comp_vis = (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)  # [T, T*k]
-                        comp = comp[top.reshape(-1)]                                              # [T*k, d]
-                    else:
-                        # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's
-                        # ScatterElements has no BOOL
-                        comp_vis = comp_vis & (torch.zeros_like(comp_vis, dtype=torch.float32).scatter(1, top, 1.0) > 0)
+                    comp, comp_vis = self._keep_top(top, comp, comp_vis)
             keys.append(comp)
             masks.append(comp_vis)
 
@@ -303,6 +292,21 @@ class Attention(nn.Module):
                 sin: torch.Tensor) -> torch.Tensor:
         """q: [t, H, d], k: [K, d], mask: [t, K], cos, sin: [t, n_rot/2] -> [t, H, d], the tails rotated back"""
         return self.attend(q, k, mask, self.sinks, cos, sin)
+
+    def _keep_top(self, top: torch.Tensor, comp: torch.Tensor,
+                  comp_vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compressed keys and their visibility restricted to each query row's top rows: top [T, k], comp
+        [Kc+T (or Kc+n), d], comp_vis [T, Kc+T] -> (keys, visible)."""
+        T = top.shape[0]
+        if T <= GATHER_T and top.shape[1] < comp.shape[0]:
+            # each row's own top-k rows, fewer than the whole cache (its capacity, mostly masked at short context):
+            # row t sees block t of the gathered rows, where they are visible (the attention kernel skips the other
+            # rows' blocks)
+            own = torch.arange(T, device=top.device)
+            own_block = (own[:, None] == own[None, :])[:, :, None]                       # [T, T, 1]
+            return comp[top.reshape(-1)], (own_block & torch.gather(comp_vis, 1, top)[None]).reshape(T, -1)
+        # scatter floats, not bools: a bool scatter does not trace to ONNX, and TensorRT's ScatterElements has no BOOL
+        return comp, comp_vis & (torch.zeros_like(comp_vis, dtype=torch.float32).scatter(1, top, 1.0) > 0)
 
     def _indexer_top(self, proj, qn, cos, sin, old_index, new_index, visible) -> torch.Tensor:
         """[T, k] the compressed rows the indexer keeps for each query row, k = min(top-k, Kc+T): the top-k rows by
