@@ -48,7 +48,11 @@ def _run_parser() -> argparse.ArgumentParser:
                         "cpu runs the PyTorch reference; auto: cuda when a GPU and Triton are present (default)")
     p.add_argument("--compile", action="store_true",
                    help="with --device cuda: torch.compile each block's glue around the kernels (faster steps; "
-                        "each new step length compiles first, seconds to a minute)")
+                        "each step shape compiles first, in the warm-up: seconds to a minute each)")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="with --device cuda: capture (and with --compile compile) each step shape on its first use "
+                        "instead of before the prompt (a stall mid-stream, e.g. at the first step past position "
+                        "4 x index_top_k, where the indexer starts)")
     p.add_argument("--info", action="store_true", help="print the model summary and exit")
     p.add_argument("--profile", action="store_true",
                    help="print per-phase latency p50/p99 (prefill, decode, draft, verify, accept, commit) on stderr")
@@ -291,6 +295,11 @@ def run(argv: list[str] | None = None) -> int:
         session = engine.session(ctx)
     except (MemoryError, RuntimeError) as e:  # torch: "DefaultCPUAllocator: can't allocate memory ..."
         raise Ds4Error(f"--ctx {ctx}: cannot allocate the caches ({e})") from None
+    if args.warm_up:
+        t0 = time.perf_counter()
+        n = session.warm_up(args.mtp_draft if use_mtp else 0)
+        if n:
+            print(f"ds4-run: {n} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     sampler = _Sampler(args.temp, args.top_k, args.top_p, args.seed)
     out = sys.stdout
 

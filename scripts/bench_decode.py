@@ -193,6 +193,9 @@ def main() -> int:
     ap.add_argument("--draft", type=lambda a: [int(t) for t in a.split(",") if t], default=[],
                     help="MTP draft lengths to time (comma-separated; each needs --verify to include N + 1 for the "
                          "cycle's cost)")
+    ap.add_argument("--warm-up", type=int, default=None, metavar="N",
+                    help="first capture the target's step graphs of 1..N+1 tokens, with and without the indexer where "
+                         "--ctx can need both (Session.warm_up's target part), and report their time and memory")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (backends/cuda.py compile_blocks)")
     ap.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
                     help="with --compile: compile with torch._inductor.config.NAME = VALUE (a Python literal) over "
@@ -272,6 +275,12 @@ def main() -> int:
         return fn
 
     with torch.no_grad():
+        if args.warm_up is not None:
+            t0, reserved = time.time(), torch.cuda.memory_reserved()
+            n = sum(steps.prepare(T, False) for T in range(1, args.warm_up + 2))
+            grown = (torch.cuda.memory_reserved() - reserved) / 2 ** 30
+            log(f"warm-up: {n} graphs ({len(steps.graphs)} steps, {len(steps.commits)} commits) captured in "
+                f"{time.time() - t0:.1f} s, device memory reserved +{grown:.2f} GiB")
         t0 = time.time()
         step(1)()                                              # capture the decode graphs
         log(f"decode graph captured in {time.time() - t0:.1f} s")

@@ -417,3 +417,37 @@ def test_tiny_speculative_matches_cpu_greedy(n_draft):
         got.extend(step[1:] + [s.argmax()])
     assert got == want
     assert s.stats.drafted and s.stats.drafted[0] > 0          # the drafter ran and its drafts were verified
+
+
+@gpu_only
+def test_warm_up_captures_every_graph_decoding_replays():
+    """Session.warm_up(n_draft) captures the graphs that speculative (and plain) decoding replay, with and without
+    the indexer, and writes no cache row: a tiny-model session whose prompt ends below position 4 * index_top_k
+    and whose generation passes it captures nothing more, and decodes exactly the CPU reference's greedy tokens."""
+    target, mtp = tiny_files()
+    engine = cuda.open_engine(target, mtp, numerics="float")
+    prompt = PROMPT[:8]
+    n = 4 * engine.cfg.index_top_k + 16 - len(prompt)
+    want = greedy(Engine.open(target, mtp, numerics="float"), n, prompt)
+    for n_draft in (0, 3):
+        s = engine.session(64)
+        empty = {k: v.clone() for k, v in s.cache.tensors().items()}
+        assert s.warm_up(n_draft) > 0
+        assert all(torch.equal(v, empty[k]) for k, v in s.cache.tensors().items())
+        assert {key[2] for key in s.target.graphs} == {False, True}
+        steps = [s.target] + ([s.drafter.head, s.drafter.scratch_head] if n_draft else [])
+        captured = lambda: [(set(st.graphs), set(st.commits)) for st in steps]  # noqa: E731
+        before = captured()
+        s.prefill(prompt, chunk=9)
+        got = [s.argmax()]
+        while len(got) < n:
+            if n_draft:
+                step = s.eval_speculative_argmax(got[-1], max_tokens=n - len(got), eos=None, n_draft=n_draft,
+                                                 margin=0.0)
+            else:
+                s.eval(got[-1])
+                step = [got[-1]]
+            got.extend(step[1:] + [s.argmax()])
+        assert got == want, f"n_draft {n_draft}"
+        assert captured() == before, f"n_draft {n_draft}: graphs captured after the warm-up"
+        assert s.warm_up(n_draft) == 0

@@ -429,6 +429,18 @@ def test_start_from_empty_session(m4):
     assert s.stats.drafted[0] == s.stats.passes - 2          # all but the first and the last (room 0)
 
 
+def test_warm_up_of_eager_steps_is_a_no_op(m4):
+    """The eager backends have no graphs: Session.warm_up captures none and writes nothing (the CUDA backend's
+    captures: tests/test_cuda_backend.py)."""
+    s = m4.engine.session(CTX)
+    empty = _clone(s.cache.tensors())
+    assert s.warm_up(3) == 0 and s.pos == 0
+    assert all(torch.equal(v, empty[k]) for k, v in s.cache.tensors().items())
+    s.prefill([5, 6, 7])
+    got, _ = run_spec(m4, None, 9, 3, 0.0, session=s)
+    assert got == m4.greedy([5, 6, 7], 9)
+
+
 def test_engine_without_mtp(tiny_gguf, m4):
     """No MTP head: speculative steps degrade to one token per target pass; an external drafter still works."""
     model = Model("r4r8-nomtp", _open(tiny_gguf, None))

@@ -56,7 +56,7 @@ class MTPDrafter:
 
     def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype, device: torch.device = torch.device("cpu"),
                  steps=Steps):
-        self.mtp = mtp
+        self.mtp, self.dtype, self.device = mtp, dtype, device
         self.cache = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)
         self.scratch = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)   # recursive drafts
         self.head, self.scratch_head = steps(mtp, self.cache), steps(mtp, self.scratch)
@@ -69,6 +69,14 @@ class MTPDrafter:
     def observe(self, hc: torch.Tensor) -> None:
         """hc: [n, S, D] final target states of newly committed tokens."""
         self.pending_hc = hc if self.pending_hc is None else torch.cat([self.pending_hc, hc])
+
+    def prepare(self, n_draft: int) -> int:
+        """Capture the head's steps of up to n_draft drafts per cycle now (runtime/steps.py prepare): catch-up of the
+        1..n_draft+1 pairs a cycle commits, and the recursive one-token drafts. Returns the graphs captured."""
+        S, D = self.mtp.cfg.n_hc, self.mtp.cfg.n_embd
+        h = lambda T: torch.zeros(T, S, D, dtype=self.dtype, device=self.device)  # noqa: E731
+        n = sum(self.head.prepare(T, True, h(T)) for T in range(1, n_draft + 2))
+        return n + (self.scratch_head.prepare(1, False, h(1)) if n_draft > 1 else 0)
 
     @torch.no_grad()
     def catch_up(self, tokens: list[int], graph: bool = True) -> torch.Tensor | None:

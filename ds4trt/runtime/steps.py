@@ -3,6 +3,7 @@
     steps = Steps(model, cache)
     logits, hc, rows = steps.run(tokens, h=None, last_only=False)   # propose: reads the cache, writes nothing
     (run(..., graph=False): a one-off shape such as a prefill chunk; a graph backend runs it eagerly)
+    steps.prepare(T, last_only, h)                                   # a graph backend captures that shape now
     steps.commit(rows, n)                                            # write the first n rows, advance the cache
 
 `model` is the target (Transformer.forward signature) or the MTP head (MTPHead.forward: it also takes h).
@@ -30,10 +31,15 @@ class Steps:
         return self.model(*args, self.cache.start(), self.cache.layers, last_only=last_only,
                           indexer=self.indexer(len(tokens)))
 
-    def indexer(self, T: int) -> bool:
-        """Whether a step of T tokens from the cache's position needs the indexer (never for caches without ratio-4
-        layers, such as the MTP block's)."""
-        return 4 in self.cache.ratios and indexer_needed(self.cache.cfg, self.cache.pos + T)
+    def indexer(self, T: int, pos: int | None = None) -> bool:
+        """Whether a step of T tokens from position pos (default: the cache's) needs the indexer (never for caches
+        without ratio-4 layers, such as the MTP block's)."""
+        return 4 in self.cache.ratios and indexer_needed(self.cache.cfg, (self.cache.pos if pos is None else pos) + T)
+
+    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None) -> int:
+        """Make ready what run(T tokens, last_only[, h]) and its commits need (a graph backend captures them):
+        nothing here, the eager steps run as they come. Returns the graphs captured: 0."""
+        return 0
 
     def commit(self, rows, n: int) -> None:
         self.cache.commit(rows, n)

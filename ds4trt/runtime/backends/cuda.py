@@ -21,8 +21,8 @@ No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only, indexer) with T <= MAX_GRAPH_T (decode, verify of up to 8
 drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer) and `commit` for
-each of those and n; prefill chunks run eagerly. Every graph
-reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
+each of those and n, on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run eagerly.
+Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
@@ -505,9 +505,9 @@ class _Captured:
 
 class GraphedSteps(Steps):
     """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer) for `run`, one per
-    (T, last_only, indexer, n) for `commit`. The first call of a shape runs it eagerly (compiling the Triton kernels),
-    then captures it. `run` returns logits and hc as fresh tensors and the rows as the graph's own outputs:
-    valid until this object's next `run` (commit them before that)."""
+    (T, last_only, indexer, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on its first
+    call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as fresh tensors
+    and the rows as the graph's own outputs: valid until this object's next `run` (commit them before that)."""
 
     def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
         super().__init__(model, cache)
@@ -521,17 +521,11 @@ class GraphedSteps(Steps):
         args = (g.tokens,) if g.h is None else (g.tokens, g.h)
         return self.model(*args, self.start, self.cache.layers, last_only=last_only, indexer=indexer)
 
-    def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
-        T = len(tokens)
-        if not graph or T > self.max_T:
-            self.last = None
-            with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
-                return super().run(tokens, h, last_only)
-        indexer = self.indexer(T)
-        key = (T, last_only, indexer)
-        self.start.fill_(self.cache.pos)
+    def _graph(self, key: tuple, h: torch.Tensor | None) -> _Captured:
+        """The run graph of key (T, last_only, indexer), captured if new; h: [T, S, D] (the MTP head) or None."""
         g = self.graphs.get(key)
         if g is None:
+            T, last_only, indexer = key
             g = _Captured(None, torch.zeros(T, dtype=torch.int64, device=self.device),
                           None if h is None else torch.zeros_like(h), None)
             side = torch.cuda.Stream()
@@ -543,6 +537,40 @@ class GraphedSteps(Steps):
             with torch.cuda.graph(g.graph):
                 g.out = self._call(g, last_only, indexer)
             self.graphs[key] = g
+        return g
+
+    def _commit_graph(self, key: tuple, rows) -> torch.cuda.CUDAGraph:
+        """The commit graph of key (T, last_only, indexer, n) for the rows of run graph key[:3], captured (not
+        executed) if new."""
+        c = self.commits.get(key)
+        if c is None:
+            c = self.commits[key] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(c):
+                self.cache.write(rows, key[3], self.start)
+        return c
+
+    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None) -> int:
+        """Capture now the graphs of run(T tokens, last_only[, h]) and of its commits of 1..T rows, for each indexer
+        flag such a step can have in this cache's context, so that none is compiled or captured mid-stream (the
+        first step past position 4 * index_top_k would be). Writes no cache row. Returns the graphs captured."""
+        if T > self.max_T:
+            return 0
+        before = len(self.graphs) + len(self.commits)
+        for indexer in sorted({self.indexer(T, pos) for pos in (0, self.cache.ctx - T)}):
+            g = self._graph((T, last_only, indexer), h)
+            for n in range(1, T + 1):
+                self._commit_graph((T, last_only, indexer, n), g.out[2])
+        return len(self.graphs) + len(self.commits) - before
+
+    def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
+        T = len(tokens)
+        if not graph or T > self.max_T:
+            self.last = None
+            with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
+                return super().run(tokens, h, last_only)
+        key = (T, last_only, self.indexer(T))
+        self.start.fill_(self.cache.pos)
+        g = self._graph(key, h)
         g.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
         if h is not None:
             g.h.copy_(h)
@@ -556,16 +584,8 @@ class GraphedSteps(Steps):
             return
         if self.last is None or rows is not self.last[1]:
             return super().commit(rows, n)        # rows of an eager run
-        key = (*self.last[0], n)
         self.cache.advance(n)                     # checks the context; self.start still holds the old position
-        c = self.commits.get(key)
-        if c is None:
-            self.cache.write(rows, n, self.start)                 # the real write, eagerly
-            c = self.commits[key] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(c):                              # captured, not executed
-                self.cache.write(rows, n, self.start)
-        else:
-            c.replay()
+        self._commit_graph((*self.last[0], n), rows).replay()
 
 
 # Horizontal fusion of a block's independent glue kernels (1-3 us each): on the H200, 43 Flash layers at --ctx 4096,
