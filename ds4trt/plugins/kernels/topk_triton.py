@@ -12,7 +12,9 @@ narrower than the gap between the k-th key and the next); then every column abov
 first of those equal to it until k are taken, each stored at its rank among the taken (a prefix sum). In the
 compiled PyTorch step the same choice was torch.sort of every compressed row, a radixSortKVInPlace of 21.2 us per
 indexer layer once the cache holds more than k = 512 compressed rows (the CLI's default --ctx 4096 holds 1024),
-whatever the context; this kernel takes 9.7 us there (the 4-layer traces in BENCHMARKS.md).
+whatever the context. This kernel takes 6.0 us there, 13.9 / 26.3 / 20.2 us at 4100 / 8196 / 16384 rows (32 rounds
+every time: 9.4 / 18.7 / 33.1 / 27.8 us; a radix select by 8- or 4-bit digit histograms, tl.histogram: 9.4 / 36.9 /
+82.4 / 70.9 us; BENCHMARKS.md, 2026-12-03).
 """
 
 from __future__ import annotations
