@@ -25,6 +25,8 @@ zeros; the kernels' time does not depend on the values):
       a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
   2e. the hyper-connection reduction of a 2048-token prefill chunk (hc_pre_long_triton) and the PyTorch hc_pre
       it replaces (timed eagerly);
+  2e'. the indexer's scores of a decode or verify step (index_score_triton: 64 heads of 128) over TOPK_ROWS
+      compressed rows, T = 1, 2, 4;
   2f. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
   2g. a compressor's rows of a short step (compress_emit_triton) at T = 1 (a token that emits and one that does
@@ -128,6 +130,9 @@ HC_LONG_SWEEP = ((128, 64, 8, 8), (64, 32, 8, 4), (64, 64, 16, 4), (64, 64, 4, 4
 # the indexer's rows of one decode step: compressed rows of a 4096-token cache (the CLI's default) + 4, of 16k, 32k
 # and 64k tokens (the kernel's limit, MAX_N)
 TOPK_ROWS = (1028, 4100, 8196, 16384)
+# (keys KB, warps, precision) of _index_score; the default is index_triton.CONFIG
+INDEX_SWEEP = ((16, 4, "ieee"), (16, 8, "ieee"), (32, 4, "ieee"), (16, 4, "tf32x3"), (32, 4, "tf32x3"),
+               (64, 4, "tf32x3"), (32, 8, "tf32x3"), (64, 8, "tf32x3"))
 TOPK_WARPS = (1, 2, 4, 8, 16)    # top_rows_triton's sweep (the default: 8 from 2048 scores on, else 4)
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
@@ -499,6 +504,25 @@ def bench_hc_long(bw: float, results: list, sweeps: list | None) -> None:
                      return_mode="median"), bw, kind="sweep_hc_long", tensor="hc_pre_long", config=list(cfg))))
 
 
+def bench_index(bw: float, results: list, sweeps: list | None) -> None:
+    """index_score_triton (64 heads of 128) at T = 1, 2, 4 over TOPK_ROWS keys; the sweep: T = 1 at INDEX_SWEEP."""
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    nh, di = 64, 128
+    for K in TOPK_ROWS:
+        keys = torch.randn(K, di, device=DEV, generator=gen)
+        for T in (1, 2, 4):
+            w, q = torch.randn(T, nh, device=DEV, generator=gen), torch.randn(T, nh, di, device=DEV, generator=gen)
+            nbytes = (keys.numel() + q.numel() + w.numel() + T * K) * 4
+            guarded(f"index_score {K} rows T={T}", results, lambda w=w, q=q, keys=keys, T=T, nb=nbytes, K=K:
+                    results.append(case(f"index_score {K} rows", T, nb,
+                                        time_graph(lambda: I.index_score_triton(w, q, keys), 1), bw, kind="index",
+                                        keys=K)))
+            for cfg in INDEX_SWEEP if sweeps is not None and T == 1 else ():
+                sweeps.append(lambda w=w, q=q, keys=keys, cfg=cfg, nb=nbytes, K=K: results.append(case(
+                    f"  sweep config={cfg}", 1, nb, time_graph(lambda: I.index_score_triton(w, q, keys, cfg), 1), bw,
+                    kind="sweep_index", keys=K, config=list(cfg))))
+
+
 def bench_topk(bw: float, results: list, sweeps: list | None) -> None:
     """top_rows_triton (k = 512) at T = 1, 2, 4 over TOPK_ROWS scores (a third of them -inf: invisible rows), and
     the stable torch.sort + slice of model/attention.py top_rows on the same scores; the sweep: T = 1 at
@@ -566,10 +590,11 @@ def main() -> int:
     ap.add_argument("--sweep-t", help="comma-separated row counts: sweep the one-pair MoE and Q8_0 launches only at "
                                       "these T (default: T = 1..4; the one-pair MoE sweep also runs at 8 and 16 "
                                       "when named here)")
-    ap.add_argument("--cases", default="moe,moe_long,q8,f16,attend,attend_long,index_long,hc_long,topk,compress,q4",
+    ap.add_argument("--cases",
+                    default="moe,moe_long,q8,f16,attend,attend_long,index,index_long,hc_long,topk,compress,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
-                         "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index_long (prefill), hc_long "
-                         "(prefill), topk, compress, q4 (moe)")
+                         "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index, index_long (prefill), "
+                         "hc_long (prefill), topk, compress, q4 (moe)")
     args = ap.parse_args()
     global SWEEP_T
     SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
@@ -600,6 +625,8 @@ def main() -> int:
         bench_attend(bw, l2, results, sweeps)
     if "attend_long" in cases:
         bench_attend_long(bw, results, sweeps)
+    if "index" in cases:
+        bench_index(bw, results, sweeps)
     if "index_long" in cases:
         bench_index_long(bw, results, sweeps)
     if "hc_long" in cases:

@@ -120,8 +120,9 @@ def f16_rows(N: int, K: int, T: int, br: int, bk: int):
 
 
 def index_score(keys: int = 513, heads: int = 64, di: int = 128):
-    return index_triton._index_score.warmup(F32, F32, F32, F32, keys, heads, NHP=max(16, heads), DI=di,
-                                            KB=index_triton.KB, num_warps=4, **LAUNCH)
+    kb, warps, precision = index_triton.CONFIG
+    return index_triton._index_score.warmup(F32, F32, F32, F32, keys, heads, NHP=max(16, heads), DI=di, KB=kb,
+                                            PRECISION=precision, num_warps=warps, **LAUNCH)
 
 
 def kv_row(C: int = 512, NR: int = 64, n_nope: int = 448):

@@ -28,14 +28,14 @@ from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
-KB = 16          # keys per program
+CONFIG = (16, 4, "ieee")     # (keys KB per program, warps, the dot's input precision) of _index_score
 LONG_CONFIG = (64, 8, 4)     # (keys BN, queries TB, warps) of _index_score_long: bench_kernels sweep, 118.6 us
 # per 256-query block over 1553 rows on the H200 (64, 16, 4: 180; 64, 32, 4: 119.7; 128, 16, 4: 123.1)
 
 
 @triton.jit
 def _index_score(w_ptr, q_ptr, k_ptr, out_ptr, K, NH, NHP: tl.constexpr, DI: tl.constexpr, KB: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PRECISION: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0)
     kk = tl.program_id(1) * KB + tl.arange(0, KB)
@@ -45,14 +45,15 @@ def _index_score(w_ptr, q_ptr, k_ptr, out_ptr, K, NH, NHP: tl.constexpr, DI: tl.
     c = tl.arange(0, DI)
     keys = tl.load(k_ptr + kk[:, None].to(tl.int64) * DI + c[None, :], mask=km[:, None], other=0.0)   # [KB, DI]
     q = tl.load(q_ptr + (t * NH + h[:, None]) * DI + c[None, :], mask=hm[:, None], other=0.0)         # [NHP, DI]
-    s = tl.dot(q, tl.trans(keys), input_precision="ieee")                                          # [NHP, KB]
+    s = tl.dot(q, tl.trans(keys), input_precision=PRECISION)                                       # [NHP, KB]
     w = tl.load(w_ptr + t * NH + h, mask=hm, other=0.0)                                            # [NHP]
     tl.store(out_ptr + t.to(tl.int64) * K + kk, tl.sum(w[:, None] * tl.maximum(s, 0.0), axis=0), mask=km)
 
 
-def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
+                       config: tuple[int, int, str] | None = None) -> torch.Tensor:
     """model/attention.py index_score for float32 w [T, nh], q [T, nh, di] (T <= MAX_T, di a power of two and at
-    least 16), keys [K, di]."""
+    least 16), keys [K, di]. config: CONFIG's fields, overriding it (sweeps; the precision "ieee" or "tf32x3")."""
     T, NH, DI = q.shape
     K = keys.shape[0]
     if not 1 <= T <= MAX_T or DI & (DI - 1) or DI < 16 or w.shape != (T, NH) or keys.shape != (K, DI) \
@@ -60,11 +61,12 @@ def index_score_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> 
         raise ValueError(f"index_score_triton: expected float32 w [T, nh], q [1..{MAX_T}, nh, di] (di a power of "
                          f"two, at least 16), keys [K, di]; got w {w.dtype} {list(w.shape)}, "
                          f"q {q.dtype} {list(q.shape)}, keys {keys.dtype} {list(keys.shape)}")
+    kb, warps, precision = config or CONFIG
     out = torch.empty(T, K, dtype=torch.float32, device=q.device)
     if K:
-        _index_score[(T, triton.cdiv(K, KB))](w.contiguous(), q.contiguous(), keys.contiguous(), out, K, NH,
-                                               NHP=max(16, triton.next_power_of_2(NH)), DI=DI, KB=KB, num_warps=4,
-                                               **pdl_launch(q.device))
+        _index_score[(T, triton.cdiv(K, kb))](w.contiguous(), q.contiguous(), keys.contiguous(), out, K, NH,
+                                               NHP=max(16, triton.next_power_of_2(NH)), DI=DI, KB=kb,
+                                               PRECISION=precision, num_warps=warps, **pdl_launch(q.device))
     return out
 
 
