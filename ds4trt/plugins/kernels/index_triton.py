@@ -5,9 +5,12 @@ and compressed row k, sum over the heads h of w[t, h] * relu(q[t, h] . key[k]).
     index_score_long_triton(the same) for any T (prefill chunks)
 
 One launch, grid (T, K / KB): a program loads KB keys and the row's queries of all heads (padded to a power of two,
-at least 16) and forms their [heads, KB] products as one float32 tl.dot ("ieee": FMA, no tf32 rounding), then the
-relu and the weighted sum over the heads, so the [T, nh, K] products are never stored. (A loop over the heads, one
-dot per head, took 15.7 us for 65 keys: 64 dependent reductions.) In the compiled PyTorch step the same
+at least 16) and forms their [heads, KB] products as one tl.dot on the tensor cores in "tf32x3" (each operand
+split into a tf32 high part and a tf32 remainder, three products: float32 accuracy, held to 1e-5 of float64 by the
+tests), then the relu and the weighted sum over the heads, so the [T, nh, K] products are never stored. On the H200
+(64 heads of 128, T = 1; bench_kernels.py --cases index): 2.6 / 3.1 / 4.2 / 7.4 us over 1028 / 4100 / 8196 / 16384
+keys; the same dot in "ieee" (float32 FMA, 16 keys per program) took 7.5 / 13.1 / 25.7 / 50.8 us. (A loop over the
+heads, one dot per head, took 15.7 us for 65 keys: 64 dependent reductions.) In the compiled PyTorch step the same
 scores were a cuBLAS SGEMM with a split-K reduction, a division, the relu and a batched GEMV (~13 us per indexer
 layer at Flash width, 2k context, on the H200: the 4-layer trace in BENCHMARKS.md).
 
@@ -28,7 +31,9 @@ from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16       # index_score_triton's query limit (decode and verify steps)
-CONFIG = (16, 4, "ieee")     # (keys KB per program, warps, the dot's input precision) of _index_score
+CONFIG = (32, 4, "tf32x3")   # (keys KB per program, warps, the dot's input precision) of _index_score: bench_kernels
+# sweep on the H200, T = 1, us over 1028 / 4100 / 8196 / 16384 keys: 2.62 / 3.05 / 4.16 / 7.38 (16, 4: 2.42 / 4.34 /
+# 5.90 / 10.11; 64, 4: 3.57 / 3.73 / 4.02 / 6.07; 32, 8: 3.62 / 4.00 / 7.37 / 14.05; all tf32x3)
 LONG_CONFIG = (64, 8, 4)     # (keys BN, queries TB, warps) of _index_score_long: bench_kernels sweep, 118.6 us
 # per 256-query block over 1553 rows on the H200 (64, 16, 4: 180; 64, 32, 4: 119.7; 128, 16, 4: 123.1)
 
