@@ -2,6 +2,7 @@
 
     engine = Engine.open("model.gguf", mtp_path="mtp.gguf")
     s = engine.session(ctx=4096)
+    s.warm_up(n_draft=2)                    # a CUDA-graph backend captures its step graphs now
     logits = s.prefill(ids)                 # [V]
     tok = s.argmax()
     logits = s.eval(tok)                    # one-token decode
