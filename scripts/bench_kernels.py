@@ -133,7 +133,8 @@ TOPK_ROWS = (1028, 4100, 8196, 16384)
 # (keys KB, warps, precision) of _index_score; the default is index_triton.CONFIG
 INDEX_SWEEP = ((16, 4, "ieee"), (16, 8, "ieee"), (32, 4, "ieee"), (16, 4, "tf32x3"), (32, 4, "tf32x3"),
                (64, 4, "tf32x3"), (32, 8, "tf32x3"), (64, 8, "tf32x3"))
-TOPK_WARPS = (1, 2, 4, 8, 16)    # top_rows_triton's sweep (the default: 8 from 2048 scores on, else 4)
+TOPK_WARPS = (2, 4, 8, 16)       # top_rows_triton's sweep (the default: 8 from 2048 scores on, else 4; 1 warp took
+# 2-10x as long)
 # the f16 fields of each block type: byte offsets of its scales (set to moderate values)
 SCALE_FIELDS = {Q2_K: (80, 82), Q4_K: (0, 2), IQ2_XXS: (0,), 8: (0,)}
 BLOCK = {Q2_K: (256, 84), Q4_K: (256, 144), IQ2_XXS: (256, 66), 8: (32, 34)}
