@@ -166,6 +166,15 @@ def _stats(n_prompt: int, t_prefill: float, n_gen: int, t_gen: float, session, u
         print(PHASES.report(), file=sys.stderr)
 
 
+def _warm_up(session, args, use_mtp: bool, first: int = 0, end: int | None = None) -> None:
+    """Session.warm_up for decoding from position `first` up to `end` (unless --no-warm-up); says what it took."""
+    if args.warm_up:
+        t0 = time.perf_counter()
+        n = session.warm_up(args.mtp_draft if use_mtp else 0, first, end)
+        if n:
+            print(f"ds4-run: {n} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
 def _utf8(text: str, what: str) -> str:
     """Text from argv or stdin; undecodable bytes arrive as lone surrogates (surrogateescape), which
     the tokenizer cannot take: say which input and which byte."""
@@ -295,11 +304,6 @@ def run(argv: list[str] | None = None) -> int:
         session = engine.session(ctx)
     except (MemoryError, RuntimeError) as e:  # torch: "DefaultCPUAllocator: can't allocate memory ..."
         raise Ds4Error(f"--ctx {ctx}: cannot allocate the caches ({e})") from None
-    if args.warm_up:
-        t0 = time.perf_counter()
-        n = session.warm_up(args.mtp_draft if use_mtp else 0)
-        if n:
-            print(f"ds4-run: {n} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     sampler = _Sampler(args.temp, args.top_k, args.top_p, args.seed)
     out = sys.stdout
 
@@ -307,6 +311,8 @@ def run(argv: list[str] | None = None) -> int:
         ids = tok.encode(args.prompt) if args.raw else render_single(tok, args.prompt, args.system, args.think)
         if not ids:
             raise Ds4Error("the prompt (-p) is empty: with --raw there is no token to continue from")
+        if len(ids) <= ctx:                   # else prefill says it does not fit
+            _warm_up(session, args, use_mtp, first=len(ids), end=len(ids) + args.n_predict)
         t0 = time.perf_counter()
         session.prefill(ids)
         t_prefill = time.perf_counter() - t0
@@ -316,6 +322,7 @@ def run(argv: list[str] | None = None) -> int:
         return 0
 
     # interactive multi-turn chat: re-render the conversation, keep the common prefix of the cache
+    _warm_up(session, args, use_mtp)
     conv = Conversation()
     if args.system:
         conv.append("system", args.system)

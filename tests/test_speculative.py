@@ -441,6 +441,17 @@ def test_warm_up_of_eager_steps_is_a_no_op(m4):
     assert got == m4.greedy([5, 6, 7], 9)
 
 
+def test_indexer_flags_of_a_position_range(m4):
+    """Steps.indexer_flags (what a graph backend's warm-up captures): the flags of steps starting at `first` or later
+    and ending by `end`. The tiny config's top-k of 3 needs the indexer once a step ends past position 15."""
+    steps = m4.engine.session(CTX).target
+    assert steps.indexer_flags(1) == [False, True]                      # the whole context
+    assert steps.indexer_flags(1, 0, 15) == [False]                     # ends by 15: never
+    assert steps.indexer_flags(1, 20, 40) == [True]                     # starts past it: always
+    assert steps.indexer_flags(3, 12, 16) == [False, True]              # 12..14 does not, 13..15 does
+    assert steps.indexer_flags(3, 0, 10 * CTX) == steps.indexer_flags(3)    # end is at most the context
+
+
 def test_engine_without_mtp(tiny_gguf, m4):
     """No MTP head: speculative steps degrade to one token per target pass; an external drafter still works."""
     model = Model("r4r8-nomtp", _open(tiny_gguf, None))

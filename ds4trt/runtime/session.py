@@ -122,14 +122,15 @@ class Session:
             self.commit([token], hc, rows, logits[0], 1)
         return self.logits
 
-    def warm_up(self, n_draft: int = 0) -> int:
+    def warm_up(self, n_draft: int = 0, first: int = 0, end: int | None = None) -> int:
         """Capture now every step shape decoding replays (a CUDA-graph backend; the eager ones have nothing to do):
         the one-token step and, with the MTP head and up to n_draft drafts per cycle, the verify steps of 2..n_draft+1
-        tokens and the drafter's steps, each with and without the indexer where this context can need both. Without
-        it each shape compiles and captures on its first use, mid-stream. Returns the graphs captured."""
+        tokens and the drafter's steps, each with and without the indexer where decoding from position `first` up to
+        `end` tokens (default: the context) can need both. Without it each shape compiles and captures on its first
+        use, mid-stream. Returns the graphs captured."""
         drafts = n_draft if self.drafter is not None else 0
         with torch.no_grad():
-            n = sum(self.target.prepare(T, False) for T in range(1, drafts + 2))
+            n = sum(self.target.prepare(T, False, first=first, end=end) for T in range(1, drafts + 2))
             return n + (self.drafter.prepare(drafts) if drafts else 0)
 
     def argmax(self) -> int:

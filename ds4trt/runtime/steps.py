@@ -3,7 +3,7 @@
     steps = Steps(model, cache)
     logits, hc, rows = steps.run(tokens, h=None, last_only=False)   # propose: reads the cache, writes nothing
     (run(..., graph=False): a one-off shape such as a prefill chunk; a graph backend runs it eagerly)
-    steps.prepare(T, last_only, h)                                   # a graph backend captures that shape now
+    steps.prepare(T, last_only, h, first, end)                       # a graph backend captures that shape now
     steps.commit(rows, n)                                            # write the first n rows, advance the cache
 
 `model` is the target (Transformer.forward signature) or the MTP head (MTPHead.forward: it also takes h).
@@ -36,9 +36,17 @@ class Steps:
         without ratio-4 layers, such as the MTP block's)."""
         return 4 in self.cache.ratios and indexer_needed(self.cache.cfg, (self.cache.pos if pos is None else pos) + T)
 
-    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None) -> int:
-        """Make ready what run(T tokens, last_only[, h]) and its commits need (a graph backend captures them):
-        nothing here, the eager steps run as they come. Returns the graphs captured: 0."""
+    def indexer_flags(self, T: int, first: int = 0, end: int | None = None) -> list[bool]:
+        """The indexer flags that steps of T tokens starting at position `first` or later and ending by `end`
+        (default, and at most: the cache's context) can have, in order."""
+        end = self.cache.ctx if end is None else min(end, self.cache.ctx)
+        return sorted({self.indexer(T, first), self.indexer(T, max(first, end - T))})
+
+    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None, first: int = 0,
+                end: int | None = None) -> int:
+        """Make ready what run(T tokens, last_only[, h]) and its commits need from position `first` on, up to
+        `end` (a graph backend captures them, for each of indexer_flags): nothing here, the eager steps run as they
+        come. Returns the graphs captured: 0."""
         return 0
 
     def commit(self, rows, n: int) -> None:

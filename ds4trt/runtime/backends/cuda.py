@@ -549,14 +549,16 @@ class GraphedSteps(Steps):
                 self.cache.write(rows, key[3], self.start)
         return c
 
-    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None) -> int:
+    def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None, first: int = 0,
+                end: int | None = None) -> int:
         """Capture now the graphs of run(T tokens, last_only[, h]) and of its commits of 1..T rows, for each indexer
-        flag such a step can have in this cache's context, so that none is compiled or captured mid-stream (the
-        first step past position 4 * index_top_k would be). Writes no cache row. Returns the graphs captured."""
+        flag such a step can have from position `first` on, up to `end` (Steps.indexer_flags), so that none is
+        compiled or captured mid-stream (the first step past position 4 * index_top_k would be). Writes no cache
+        row. Returns the graphs captured."""
         if T > self.max_T:
             return 0
         before = len(self.graphs) + len(self.commits)
-        for indexer in sorted({self.indexer(T, pos) for pos in (0, self.cache.ctx - T)}):
+        for indexer in self.indexer_flags(T, first, end):
             g = self._graph((T, last_only, indexer), h)
             for n in range(1, T + 1):
                 self._commit_graph((T, last_only, indexer, n), g.out[2])
