@@ -56,7 +56,7 @@ class MTPDrafter:
 
     def __init__(self, mtp: MTPHead, ctx: int, dtype: torch.dtype, device: torch.device = torch.device("cpu"),
                  steps=Steps):
-        self.mtp, self.dtype, self.device = mtp, dtype, device
+        self.mtp = mtp
         self.cache = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)
         self.scratch = CacheState(mtp.cfg, ctx, ratios=[0], dtype=dtype, device=device)   # recursive drafts
         self.head, self.scratch_head = steps(mtp, self.cache), steps(mtp, self.scratch)
@@ -73,8 +73,8 @@ class MTPDrafter:
     def prepare(self, n_draft: int) -> int:
         """Capture the head's steps of up to n_draft drafts per cycle now (runtime/steps.py prepare): catch-up of the
         1..n_draft+1 pairs a cycle commits, and the recursive one-token drafts. Returns the graphs captured."""
-        S, D = self.mtp.cfg.n_hc, self.mtp.cfg.n_embd
-        h = lambda T: torch.zeros(T, S, D, dtype=self.dtype, device=self.device)  # noqa: E731
+        S, D, raw = self.mtp.cfg.n_hc, self.mtp.cfg.n_embd, self.cache.layers[0].raw     # the caches' dtype, device
+        h = lambda T: torch.zeros(T, S, D, dtype=raw.dtype, device=raw.device)  # noqa: E731
         n = sum(self.head.prepare(T, True, h(T)) for T in range(1, n_draft + 2))
         return n + (self.scratch_head.prepare(1, False, h(1)) if n_draft > 1 else 0)
 

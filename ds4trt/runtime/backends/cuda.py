@@ -26,10 +26,10 @@ Every graph reads the session's own cache buffers, so a session's CacheState is 
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
-per block kind, step length and indexer flag, compiled on first use (about a minute per step length for the 43 Flash
-layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch independent small
-kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent launch (PDL) like the
-package's own kernels (plugins/kernels/pdl.py).
+per block kind, step length and indexer flag, compiled in the warm-up or on first use (about a minute per step length
+for the 43 Flash layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch
+independent small kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent
+launch (PDL) like the package's own kernels (plugins/kernels/pdl.py).
 """
 
 from __future__ import annotations
