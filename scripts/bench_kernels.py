@@ -270,6 +270,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
               for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
     rng = torch.Generator(device="cpu").manual_seed(5)
     skew = (1.0 / torch.arange(1, E + 1) ** 0.8)[torch.randperm(E, generator=rng)]
+    runs = []                                             # (T, its default config, its timing closure)
     for T, routing in ((256, "random"), (512, "random"), (1024, "random"), (2048, "random"), (1024, "skewed"),
                        (2048, "skewed")):
         if routing == "random":
@@ -291,10 +292,12 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
-        if sweeps is not None and T >= 512:
-            for cfg in LONG_SWEEP:
-                if cfg != default:
-                    sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
+        if T >= 512:
+            runs.append((T, default, run))
+    for cfg in LONG_SWEEP if sweeps is not None else ():       # config by config, the longest calls first
+        for T, default, run in sorted(runs, key=lambda r: -r[0]):
+            if cfg != default:
+                sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
 
 
 @triton.jit

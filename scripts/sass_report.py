@@ -2,13 +2,14 @@
 """What ptxas makes of the decode kernels for the H200 (sm_90), on a machine without a GPU.
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
-                                   [--topk-warps W ...] [--long] [--dump DIR]
+                                   [--topk-warps W ...] [--long [--long-config C ...]]
+                                   [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
-LONG_CONFIGS, and the Q8_0 bf16 parts kernel), and prints registers per thread, spills, shared memory, the
+LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel), and prints registers per thread, spills, shared memory, the
 instruction count of the whole kernel and of its longest loop body (one step: e.g. one 256-value block of every row
 the program serves) and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
 writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR. Counts
@@ -47,6 +48,8 @@ def main() -> int:
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
+    ap.add_argument("--long-config", nargs="*", type=q8_shape, default=None, metavar="CAP:ROWS:WARPS:STAGES",
+                    help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
@@ -79,12 +82,12 @@ def main() -> int:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}_shared",
                    W.moe_down_single(down, D, F, br, warps, pf, shared=True))
     if args.long:
-        for cap, br, warps, stages in M.LONG_CONFIGS.values():
+        for cap, br, warps, stages in args.long_config or M.LONG_CONFIGS.values():
             for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-                report(f"moe_gateup_multi_t{gate}_{cap}x{br}x{warps}",
-                       W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True, stages))
-                report(f"moe_down_multi_t{down}_{cap}x{br}x{warps}",
-                       W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
+                name = f"{cap}x{br}x{warps}" + (f"_s{stages}" if stages > 1 else "")
+                report(f"moe_gateup_multi_t{gate}_{name}", W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True,
+                                                                              stages))
+                report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
     for T in args.q8_t:
         for config in args.q8 or [None]:                       # None: q8_matmul's launch (rows_config)
