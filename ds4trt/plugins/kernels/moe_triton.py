@@ -100,7 +100,7 @@ CAP = 16                    # most pairs one item (one program) handles; the ten
 # rearranged (records apart from scales, scripts/bench_iq2_gateup.py) were all no faster.
 # Nor were the pair loop's next fields loaded a step ahead (26.4 against 24.8 us) or its selector tables in shared
 # memory or by arithmetic (26.7-31 us; with no tables at all, a bound, 20.1): scripts/bench_iq2_tables.py, thirtieth
-# session.
+# session. An L2 prefetch of a program's whole row tile before its loop: 6-12 % slower (thirty-second session).
 # A Q2_K down runs on integer dot products too (_q2k_dp_rows), which has no prefetch form: loading the next block
 # first made the decode step ~0.5 ms slower on the H200 (BENCHMARKS.md, try/q2k-down-dp-pf), so Q2_K's prefetch flag
 # serves only a Q2_K gate or up (_fma_rows); 64-row tiles measured no better than 32.
@@ -135,6 +135,9 @@ MULTI_MIN = 5
 # routing) 128-row tiles halve the reloads of an item's activations per weight row and the gate/up kernel runs gate,
 # then up (GATE_THEN_UP: fewer spills): T = 512 / 1024 / 2048 from 12.6 / 13.5 / 15.9 ms at (64, 64, 8, 1) to
 # 6.3 / 7.2 at (32, 128, 8, 1) and 11.9 at (64, 128, 8, 1); items of 32 pairs while the mean is at most 32.
+# Measured and dropped (thirty-second session): each block's product in 2-8 smaller tensor-core products with the
+# activations loaded after the weights' decode (fewer spills, 9-35 % slower: they must load during it), and an L2
+# prefetch of each row's next block (within +-3 %).
 LONG_CONFIGS = {32: (32, 128, 8, 1), 64: (64, 128, 8, 1)}
 
 
