@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Is a tensor-core Q8_0 product faster than q8_matmul's FMA loop at T = 2..4 rows of x (verify steps)? A stripped-down
+kernel timed against q8_matmul on Flash's projection shapes on the H200:
+
+    python3 scripts/bench_q8_mma.py [--t 2,3,4] [--rows 64] [--warps 4] [--splits 1,2,4]
+
+q8_matmul at T >= 2 makes each weight d * q once and spends T FMAs on it, and costs 1.5-2x its T = 1 time for the
+same bytes (BENCHMARKS.md, twenty-seventh session). Here, per program of BR rows and a K range (split over `splits`
+programs, partial sums added by torch afterwards: a bound, not the product's epilogue): for each block of 32 values,
+its quants (offset binary u = q + 128, 32 contiguous bytes per row) become exact fp16 values, x's 32 values (T rows
+padded to 16, as two fp16 parts after a power-of-two scaling per row: x * 2^-e = hi + lo to 2^-22) form the other
+operand, two tensor-core products give the block's sums for every row of x in float32, and the block scale d is applied
+to them in the accumulator. The weights are read in plain row order ([N, KP] quants, [N, KP / 32] scales: split_q8's
+quants with each span's words swapped back, the same bytes); the product would need that layout too.
+Checks each output against float64 (1e-5 of the largest |value|, the kernels' tolerance) before timing; prints per
+shape and T the time of both (the kernel alone: x's split and the splits' sum are left out) and the copy-bandwidth
+floor of the weight bytes. Without a GPU, TRITON_INTERPRET=1 ... --shapes 0 runs the check on a small shape.
+Offline sm_90 (ptxas, thirty-second session): 48 registers, no spills, 138 instructions per block step of 64 rows x 4
+warps (16 weights per thread, two HGMMA pairs, x staged through shared memory every block): about the FMA loop's
+instructions per weight at T = 3 (275 per 32), so expect a gain only from bytes in flight, if any. Not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
+
+from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+
+# (name, N, K) of Flash's Q8_0 projections that verify steps read: attn_q_b, attn_output_b, the shared gate
+SHAPES = (("attn_q_b", 32768, 1024), ("attn_output_b", 4096, 8192), ("ffn_gate_shexp", 2048, 4096))
+TP = 16                     # rows of x per tensor-core product (T padded)
+
+
+@triton.jit
+def _q8_mma(xh_ptr, xl_ptr, xinv_ptr, q_ptr, d_ptr, out_ptr, N, KP: tl.constexpr, KS: tl.constexpr,
+            BR: tl.constexpr, TP: tl.constexpr):
+    """out[split, t, rows] = sum over this split's blocks of d * (q . x[t]) for the BR rows of program 0's tile."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    split = tl.program_id(1)
+    k32 = tl.arange(0, 32)
+    t = tl.arange(0, TP)
+    acc = tl.zeros([BR, TP], tl.float32)
+    for b in range(0, KS // 32):
+        blk = split * (KS // 32) + b
+        k0 = blk * 32
+        u = tl.load(q_ptr + rows[:, None].to(tl.int64) * KP + k0 + k32[None, :])             # [BR, 32] uint8
+        q = u.to(tl.float16) - 128.0                                                          # exact
+        xo = t[None, :] * KP + k0 + k32[:, None]                                             # [32, TP]
+        p = tl.dot(q, tl.load(xh_ptr + xo)) + tl.dot(q, tl.load(xl_ptr + xo))
+        d = tl.load(d_ptr + rows.to(tl.int64) * (KP // 32) + blk).to(tl.float32)
+        acc += d[:, None] * p
+    inv = tl.load(xinv_ptr + t)
+    tl.store(out_ptr + split * TP * N + t[None, :] * N + rows[:, None], acc * inv[None, :])
+
+
+def split_x(x: torch.Tensor, KP: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x float32 [T, K] -> hi, lo fp16 [TP, KP] (zero rows and columns past T and K), inv float32 [TP]: per row a
+    power-of-two scale s with |x * s| < 1, x * s = hi + lo to 2^-22 of the row's largest |x|, inv = 1 / s."""
+    T, K = x.shape
+    e = torch.frexp(x.abs().amax(dim=1).clamp_min(2.0 ** -100))[1].to(torch.float32)        # |x| < 2^e
+    s = torch.exp2(-e)
+    xs = torch.zeros(TP, KP, device=x.device)
+    xs[:T, :K] = x * s[:, None]
+    hi = xs.to(torch.float16)
+    lo = (xs - hi.float()).to(torch.float16)
+    inv = torch.ones(TP, device=x.device)
+    inv[:T] = 1 / s
+    return hi, lo, inv
+
+
+def plain_quants(quants: torch.Tensor) -> torch.Tensor:
+    """split_q8's quants with each span's words swapped back into value order (the same bytes)."""
+    N, KP = quants.shape
+    w = quants.view(N, KP // Q.SPAN, Q.NB_STEP, Q.NB_STEP, 4)                 # [n, span, word j, block b, byte]
+    return w.transpose(2, 3).contiguous().view(N, KP)
+
+
+def q8_mma(x, quants_plain, scales, rows: int, warps: int, splits: int):
+    """(launch: a closure of the kernel alone, result: the [T, N] output once launched) for x float32 [T, K]."""
+    N, KP = quants_plain.shape
+    T = x.shape[0]
+    hi, lo, inv = split_x(x, KP)
+    out = torch.empty(splits, TP, N, device=x.device)
+
+    def launch():
+        _q8_mma[(N // rows, splits)](hi, lo, inv, quants_plain, scales, out, N, KP=KP, KS=KP // splits, BR=rows,
+                                     TP=TP, num_warps=warps)
+    return launch, lambda: out.sum(0)[:T]
+
+
+def reference(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    N, KP = quants.shape
+    q = plain_quants(quants).view(N, KP // 32, 32).double() - 128
+    w = (q * scales.double()[:, :, None]).view(N, KP)[:, :K]
+    return x.double() @ w.T
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--t", default="2,3,4")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--splits", default="1,2,4")
+    ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes (tests: 0 = a small one)")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(3)
+    bw = copy_bandwidth() if dev == "cuda" else None
+    shapes = SHAPES[:args.shapes] if args.shapes else (("small", 128, 512),)
+    for name, N, K in shapes:
+        blocks = torch.randint(0, 256, (N, K // 32, 34), dtype=torch.uint8, device=dev, generator=gen)
+        blocks[..., :2] = (torch.rand(N, K // 32, device=dev, generator=gen) * 0.02 + 0.001).to(
+            torch.float16).view(torch.uint8).view(N, K // 32, 2)
+        quants, scales = Q.split_q8(blocks.view(N, -1), N, K)
+        plain = plain_quants(quants)
+        for T in (int(t) for t in args.t.split(",")):
+            x = torch.randn(T, K, device=dev, generator=gen) * 3
+            want = reference(x, quants, scales, K)
+            base = Q.q8_matmul(x, quants, scales, K)
+            line = f"{name:15s} T={T}"
+            if bw is not None:
+                line += (f"  floor {quants.numel() * 34 / 32 / bw * 1e6:6.2f} us  q8_matmul "
+                         f"{time_graph(lambda: Q.q8_matmul(x, quants, scales, K), 1) * 1e3:7.2f} us")
+            for splits in (int(s) for s in args.splits.split(",")):
+                launch, result = q8_mma(x, plain, scales, args.rows, args.warps, splits)
+                launch()
+                err = float((result().double() - want).abs().max() / want.abs().max())
+                if err > 1e-5:
+                    berr = float((base.double() - want).abs().max() / want.abs().max())
+                    print(f"{line}: splits {splits}: relative error {err:.2e} (q8_matmul {berr:.2e}): WRONG")
+                    return 1
+                line += f"  mma/{splits} {err:.1e}"
+                if bw is not None:
+                    line += f" {time_graph(launch, 1) * 1e3:7.2f} us"
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
