@@ -15,9 +15,12 @@ quants with each span's words swapped back, the same bytes); the product would n
 Checks each output against float64 (1e-5 of the largest |value|, the kernels' tolerance) before timing; prints per
 shape and T the time of both (the kernel alone: x's split and the splits' sum are left out) and the copy-bandwidth
 floor of the weight bytes. Without a GPU, TRITON_INTERPRET=1 ... --shapes 0 runs the check on a small shape.
-Offline sm_90 (ptxas, thirty-second session): 48 registers, no spills, 138 instructions per block step of 64 rows x 4
-warps (16 weights per thread, two HGMMA pairs, x staged through shared memory every block): about the FMA loop's
-instructions per weight at T = 3 (275 per 32), so expect a gain only from bytes in flight, if any. Not yet run on a GPU.
+Two forms: "block" (_q8_mma) makes one product per 32-value block ([rows, 32] x [32, 16]), "bd" (_q8_mma_bd) one per
+256 values, x put block-diagonally into [256, 8 x T padded to 2 or 4] so that a product gives the 8 blocks' sums at once.
+Offline sm_90 (ptxas, thirty-second session), per loop step at 64 rows x 4 warps: block 48 registers, 138 instructions
+per 32 values (16 weights a thread: ~8.6 per weight, about the FMA loop's at T = 3, 275 per 32); bd 168 registers,
+560 / 587 instructions per 256 values at T = 2 / 4 (128 weights a thread: ~4.5 per weight), no spills in either.
+Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -63,7 +66,34 @@ def _q8_mma(xh_ptr, xl_ptr, xinv_ptr, q_ptr, d_ptr, out_ptr, N, KP: tl.constexpr
     tl.store(out_ptr + split * TP * N + t[None, :] * N + rows[:, None], acc * inv[None, :])
 
 
-def split_x(x: torch.Tensor, KP: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@triton.jit
+def _q8_mma_bd(xh_ptr, xl_ptr, xinv_ptr, q_ptr, d_ptr, out_ptr, N, KP: tl.constexpr, KS: tl.constexpr,
+               BR: tl.constexpr, TB: tl.constexpr):
+    """The same sums with one product per 256 values (8 blocks): x's 256 values put block-diagonally into [256, 8 * TB]
+    (column (b, t) holds row t of x on block b's 32 values, zeros elsewhere: the tensor cores have time to spare), so
+    the product gives every block's sums at once; the 8 block scales then weight them and the blocks are added."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    split = tl.program_id(1)
+    k = tl.arange(0, 256)
+    t = tl.arange(0, TB)
+    c = tl.arange(0, 8 * TB)                                                                 # column (b, t)
+    diag = (k // 32)[:, None] == (c // TB)[None, :]                                          # [256, 8 * TB]
+    acc = tl.zeros([BR, TB], tl.float32)
+    for s in range(0, KS // 256):
+        k0 = (split * (KS // 256) + s) * 256
+        u = tl.load(q_ptr + rows[:, None].to(tl.int64) * KP + k0 + k[None, :])               # [BR, 256] uint8
+        q = u.to(tl.float16) - 128.0                                                          # exact
+        xo = (c % TB)[None, :] * KP + k0 + k[:, None]                                        # [256, 8 * TB]
+        xh = tl.load(xh_ptr + xo, mask=diag, other=0.0)
+        xl = tl.load(xl_ptr + xo, mask=diag, other=0.0)
+        p = tl.reshape(tl.dot(q, xh) + tl.dot(q, xl), (BR, 8, TB))
+        d = tl.load(d_ptr + rows[:, None].to(tl.int64) * (KP // 32) + k0 // 32 + tl.arange(0, 8)[None, :])
+        acc += tl.sum(d.to(tl.float32)[:, :, None] * p, axis=1)
+    inv = tl.load(xinv_ptr + t)
+    tl.store(out_ptr + split * TB * N + t[None, :] * N + rows[:, None], acc * inv[None, :])
+
+
+def split_x(x: torch.Tensor, KP: int, TP: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x float32 [T, K] -> hi, lo fp16 [TP, KP] (zero rows and columns past T and K), inv float32 [TP]: per row a
     power-of-two scale s with |x * s| < 1, x * s = hi + lo to 2^-22 of the row's largest |x|, inv = 1 / s."""
     T, K = x.shape
@@ -85,16 +115,19 @@ def plain_quants(quants: torch.Tensor) -> torch.Tensor:
     return w.transpose(2, 3).contiguous().view(N, KP)
 
 
-def q8_mma(x, quants_plain, scales, rows: int, warps: int, splits: int):
-    """(launch: a closure of the kernel alone, result: the [T, N] output once launched) for x float32 [T, K]."""
+def q8_mma(x, quants_plain, scales, rows: int, warps: int, splits: int, form: str):
+    """(launch: a closure of the kernel alone, result: the [T, N] output once launched) for x float32 [T, K]; form
+    "block" (_q8_mma) or "bd" (_q8_mma_bd)."""
     N, KP = quants_plain.shape
     T = x.shape[0]
-    hi, lo, inv = split_x(x, KP)
-    out = torch.empty(splits, TP, N, device=x.device)
+    tp = TP if form == "block" else max(2, triton.next_power_of_2(T))
+    hi, lo, inv = split_x(x, KP, tp)
+    out = torch.empty(splits, tp, N, device=x.device)
+    kernel, extra = (_q8_mma, dict(TP=tp)) if form == "block" else (_q8_mma_bd, dict(TB=tp))
 
     def launch():
-        _q8_mma[(N // rows, splits)](hi, lo, inv, quants_plain, scales, out, N, KP=KP, KS=KP // splits, BR=rows,
-                                     TP=TP, num_warps=warps)
+        kernel[(N // rows, splits)](hi, lo, inv, quants_plain, scales, out, N, KP=KP, KS=KP // splits, BR=rows,
+                                    num_warps=warps, **extra)
     return launch, lambda: out.sum(0)[:T]
 
 
@@ -111,6 +144,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--splits", default="1,2,4")
+    ap.add_argument("--forms", default="block,bd", help="block: a product per 32-value block; bd: one per 256 values "
+                                                        "(x block-diagonal)")
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes (tests: 0 = a small one)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -131,17 +166,20 @@ def main() -> int:
             if bw is not None:
                 line += (f"  floor {quants.numel() * 34 / 32 / bw * 1e6:6.2f} us  q8_matmul "
                          f"{time_graph(lambda: Q.q8_matmul(x, quants, scales, K), 1) * 1e3:7.2f} us")
-            for splits in (int(s) for s in args.splits.split(",")):
-                launch, result = q8_mma(x, plain, scales, args.rows, args.warps, splits)
-                launch()
-                err = float((result().double() - want).abs().max() / want.abs().max())
-                if err > 1e-5:
-                    berr = float((base.double() - want).abs().max() / want.abs().max())
-                    print(f"{line}: splits {splits}: relative error {err:.2e} (q8_matmul {berr:.2e}): WRONG")
-                    return 1
-                line += f"  mma/{splits} {err:.1e}"
-                if bw is not None:
-                    line += f" {time_graph(launch, 1) * 1e3:7.2f} us"
+            for form in args.forms.split(","):
+                for splits in (int(s) for s in args.splits.split(",")):
+                    if (quants.shape[1] // splits) % (256 if form == "bd" else 32):
+                        continue                                   # bd steps over 256 values
+                    launch, result = q8_mma(x, plain, scales, args.rows, args.warps, splits, form)
+                    launch()
+                    err = float((result().double() - want).abs().max() / want.abs().max())
+                    if err > 1e-5:
+                        berr = float((base.double() - want).abs().max() / want.abs().max())
+                        print(f"{line}: {form} splits {splits}: relative error {err:.2e} (q8_matmul {berr:.2e}): WRONG")
+                        return 1
+                    line += f"  {form}/{splits} {err:.1e}"
+                    if bw is not None:
+                        line += f" {time_graph(launch, 1) * 1e3:7.2f} us"
             print(line)
     return 0
 
