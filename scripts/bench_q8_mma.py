@@ -16,7 +16,8 @@ Checks each output against float64 (1e-5 of the largest |value|, the kernels' to
 shape and T the time of both (the kernel alone: x's split and the splits' sum are left out) and the copy-bandwidth
 floor of the weight bytes. Without a GPU, TRITON_INTERPRET=1 ... --shapes 0 runs the check on a small shape.
 Two forms: "block" (_q8_mma) makes one product per 32-value block ([rows, 32] x [32, 16]), "bd" (_q8_mma_bd) one per
-256 values, x put block-diagonally into [256, 8 x T padded to 2 or 4] so that a product gives the 8 blocks' sums at once.
+256 values, x put block-diagonally into [256, 8 x T padded to 2 or 4] so that a product gives the 8 blocks' sums at
+once.
 Offline sm_90 (ptxas, thirty-second session), per loop step at 64 rows x 4 warps: block 48 registers, 138 instructions
 per 32 values (16 weights a thread: ~8.6 per weight, about the FMA loop's at T = 3, 275 per 32); bd 168 registers,
 560 / 587 instructions per 256 values at T = 2 / 4 (128 weights a thread: ~4.5 per weight), no spills in either.
@@ -38,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
 
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
+from ds4trt.plugins.kernels.parts import split_parts  # noqa: E402
 
 # (name, N, K) of Flash's Q8_0 projections that verify steps read: attn_q_b, attn_output_b, the shared gate
 SHAPES = (("attn_q_b", 32768, 1024), ("attn_output_b", 4096, 8192), ("ffn_gate_shexp", 2048, 4096))
@@ -101,18 +103,10 @@ def split_x(x: torch.Tensor, KP: int, TP: int) -> tuple[torch.Tensor, torch.Tens
     s = torch.exp2(-e)
     xs = torch.zeros(TP, KP, device=x.device)
     xs[:T, :K] = x * s[:, None]
-    hi = xs.to(torch.float16)
-    lo = (xs - hi.float()).to(torch.float16)
+    hi, lo = split_parts(xs, torch.float16)
     inv = torch.ones(TP, device=x.device)
     inv[:T] = 1 / s
     return hi, lo, inv
-
-
-def plain_quants(quants: torch.Tensor) -> torch.Tensor:
-    """split_q8's quants with each span's words swapped back into value order (the same bytes)."""
-    N, KP = quants.shape
-    w = quants.view(N, KP // Q.SPAN, Q.NB_STEP, Q.NB_STEP, 4)                 # [n, span, word j, block b, byte]
-    return w.transpose(2, 3).contiguous().view(N, KP)
 
 
 def q8_mma(x, quants_plain, scales, rows: int, warps: int, splits: int, form: str):
@@ -129,13 +123,6 @@ def q8_mma(x, quants_plain, scales, rows: int, warps: int, splits: int, form: st
         kernel[(N // rows, splits)](hi, lo, inv, quants_plain, scales, out, N, KP=KP, KS=KP // splits, BR=rows,
                                     num_warps=warps, **extra)
     return launch, lambda: out.sum(0)[:T]
-
-
-def reference(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
-    N, KP = quants.shape
-    q = plain_quants(quants).view(N, KP // 32, 32).double() - 128
-    w = (q * scales.double()[:, :, None]).view(N, KP)[:, :K]
-    return x.double() @ w.T
 
 
 def main() -> int:
@@ -157,10 +144,11 @@ def main() -> int:
         blocks[..., :2] = (torch.rand(N, K // 32, device=dev, generator=gen) * 0.02 + 0.001).to(
             torch.float16).view(torch.uint8).view(N, K // 32, 2)
         quants, scales = Q.split_q8(blocks.view(N, -1), N, K)
-        plain = plain_quants(quants)
+        plain = Q._swap_words(quants)                    # value order (the swap is its own inverse)
+        w = Q.dequantize(quants, scales, K).double()     # exact
         for T in (int(t) for t in args.t.split(",")):
             x = torch.randn(T, K, device=dev, generator=gen) * 3
-            want = reference(x, quants, scales, K)
+            want = x.double() @ w.T
             base = Q.q8_matmul(x, quants, scales, K)
             line = f"{name:15s} T={T}"
             if bw is not None:

@@ -9,11 +9,11 @@ For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_confi
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
-LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel), and prints registers per thread, spills, shared memory, the
-instruction count of the whole kernel and of its longest loop body (one step: e.g. one 256-value block of every row
-the program serves) and the instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump
-writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and registers) and SASS to DIR. Counts
-are static (the loops are not multiplied out); compare variants of one kernel.
+LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel), and prints registers per thread,
+spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g. one
+256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
+barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
+registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 
