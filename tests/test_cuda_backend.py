@@ -423,7 +423,8 @@ def test_tiny_speculative_matches_cpu_greedy(n_draft):
 def test_warm_up_captures_every_graph_decoding_replays():
     """Session.warm_up(n_draft) captures the graphs that speculative (and plain) decoding replay, with and without
     the indexer, and writes no cache row: a tiny-model session whose prompt ends below position 4 * index_top_k
-    and whose generation passes it captures nothing more, and decodes exactly the CPU reference's greedy tokens."""
+    and whose generation passes it captures nothing more, and decodes exactly the CPU reference's greedy tokens.
+    Every commit graph is the one-kernel commit (commit_triton), none CacheState.write's fallback."""
     target, mtp = tiny_files()
     engine = cuda.open_engine(target, mtp, numerics="float")
     prompt = PROMPT[:8]
@@ -436,6 +437,7 @@ def test_warm_up_captures_every_graph_decoding_replays():
         assert all(torch.equal(v, empty[k]) for k, v in s.cache.tensors().items())
         assert {key[2] for key in s.target.graphs} == {False, True}
         steps = [s.target] + ([s.drafter.head, s.drafter.scratch_head] if n_draft else [])
+        assert all(plan is not None for st in steps for _, plan in st.commits.values()), "a commit fell back"
         captured = lambda: [(set(st.graphs), set(st.commits)) for st in steps]  # noqa: E731
         before = captured()
         s.prefill(prompt, chunk=9)

@@ -846,6 +846,66 @@ def test_hc_pre_refuses_long_steps():
 
 
 # ---------------------------------------------------------------------------------------------------
+# Cache commit
+
+def test_commit_rows_match_cache_write():
+    """commit_triton (one launch per commit) against CacheState.write on random rows: a 6-layer cache of every ratio,
+    commits of 1..9 of 9 proposed rows from positions that cross the rings (raw window, 8-slot compressor states)
+    and the emitting positions 4k-1, 127; every cache tensor equal bit for bit after each commit (the spare last row of
+    comp / index excepted: any non-emitting row may land there)."""
+    from ds4trt.model.state import LayerRows
+    from ds4trt.plugins.kernels.commit_triton import CommitPlan
+    from ds4trt.runtime.cache import CacheState
+    from ds4trt.testing.tiny_gguf import tiny_config
+
+    cfg = tiny_config(compress_ratios=(0, 4, 128, 4, 128, 0))
+    ctx, T = 300, 9
+    gen = torch.Generator().manual_seed(23)
+    got, want = (CacheState(cfg, ctx, device=DEVICE) for _ in range(2))
+    pos = 0
+    for n in (1, 3, 9, 2, 9, 9, 1, 5, 9, 9, 9, 7, 4) + (9,) * 6 + (8, 1):
+        rows = [LayerRows(**{name: torch.randn(T, t.shape[1], generator=gen).to(DEVICE)
+                             for name, t in layer.tensors().items()}) for layer in got.layers]
+        start = torch.tensor(pos, device=DEVICE)
+        plan = CommitPlan.build(got.layers, got.ratios, rows, n)
+        ring = plan.table[:, 6] == 0                       # a ring copies only its last min(n, cap) rows
+        assert torch.equal(plan.table[ring, 7], torch.clamp(n - plan.table[ring, 5], min=0))
+        plan.load(start)
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors().values(), want.tensors().values())), \
+            "load() wrote a row"
+        plan.write(start)
+        want.write(rows, n, start)
+        pos += n
+        for (name, a), b in zip(got.tensors().items(), want.tensors().values()):
+            if name.endswith(("comp", "index")):
+                a, b = a[:-1], b[:-1]
+            assert torch.equal(a, b), (n, pos, name)
+    assert pos > 128 and any(t.abs().sum() > 0 for t in got.tensors().values())
+
+
+def test_commit_plan_refusals():
+    """Rows whose elements are not contiguous: no plan (the caller falls back to CacheState.write); rows that do not
+    fit the cache (too few, another width): a one-line error."""
+    from ds4trt.model.state import LayerRows
+    from ds4trt.plugins.kernels.commit_triton import CommitPlan
+    from ds4trt.runtime.cache import CacheState
+    from ds4trt.testing.tiny_gguf import tiny_config
+
+    cache = CacheState(tiny_config(compress_ratios=(0, 4)), 64, device=DEVICE)
+    rows = [LayerRows(**{name: torch.randn(3, t.shape[1], device=DEVICE) for name, t in layer.tensors().items()})
+            for layer in cache.layers]
+    assert CommitPlan.build(cache.layers, cache.ratios, rows, 3) is not None
+    strided = torch.randn(3, 2 * cache.layers[1].comp.shape[1], device=DEVICE)[:, ::2]
+    bad = [rows[0], LayerRows(**{**rows[1].__dict__, "comp": strided})]
+    assert CommitPlan.build(cache.layers, cache.ratios, bad, 3) is None
+    with pytest.raises(ValueError, match="rows.raw"):
+        CommitPlan.build(cache.layers, cache.ratios, rows, 4)
+    wide = [LayerRows(raw=torch.randn(3, cache.layers[0].raw.shape[1] + 1, device=DEVICE)), rows[1]]
+    with pytest.raises(ValueError, match="rows.raw"):
+        CommitPlan.build(cache.layers, cache.ratios, wide, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Compilation for the H200 without one
 
 @pytest.mark.skipif(not INTERP, reason="the offline sm_90 compile check runs with DS4_TRITON_INTERPRET=1 (no GPU)")
@@ -905,6 +965,7 @@ def test_every_variant_compiles_for_sm90():
         for N in (1028, 16384):
             ok(W.top_rows(N))
         ok(W.route_rows())
+        ok(W.commit_rows())
         for N, K in ((256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (2624, 4096)):   # 2624: an indexer F16 group
             for T in range(1, F16.LAUNCH_T + 1):
                 ok(W.f16_rows(N, K, T, *F16.launch_shape(N, K, T)))

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, q8_triton, \
-    rope_triton, route_triton, rows_triton, topk_triton
+from ds4trt.plugins.kernels import attn_triton, commit_triton, f16_triton, hc_triton, index_triton, moe_triton, parts, \
+    q8_triton, rope_triton, route_triton, rows_triton, topk_triton
 
 U8, F16, F32 = torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.float16), torch.empty(64)
 F64 = torch.empty(64, dtype=torch.float64)
@@ -108,6 +108,10 @@ def x_parts(K: int, G: int):
 
 def top_rows(N: int, k: int = 512, warps: int = 8):
     return topk_triton._top_rows.warmup(F32, I64, N, K=k, NP=1 << (N - 1).bit_length(), num_warps=warps, **LAUNCH)
+
+
+def commit_rows(maxw: int = 1024):
+    return commit_triton._commit_rows.warmup(I64, I64, MAXW=maxw, num_warps=4, **LAUNCH)
 
 
 def route_rows(E: int = 256, k: int = 6):

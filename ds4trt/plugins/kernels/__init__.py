@@ -17,6 +17,7 @@
     rope_triton.head_norm_rope_triton  the attention queries' per-head norm and RoPE in one pass
     rows_triton.kv_row_triton     the raw KV row of a short step (model/attention.py kv_row), T <= 16
     rows_triton.compress_emit_triton  a compressor's rows of a short step (model/attention.py emit_rows), T <= 16
+    commit_triton.CommitPlan      a step's accepted cache rows written in one launch (runtime/cache.py CacheState.write)
     parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where

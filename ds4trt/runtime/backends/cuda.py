@@ -21,7 +21,8 @@ No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only, indexer) with T <= MAX_GRAPH_T (decode, verify of up to 8
 drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer) and `commit` for
-each of those and n, on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run eagerly.
+each of those and n (one kernel: commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run
+does it); prefill chunks run eagerly.
 Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
@@ -52,6 +53,7 @@ from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
     qat_triton, rope_triton, route_triton, rows_triton, topk_triton
+from ds4trt.plugins.kernels.commit_triton import CommitPlan
 from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
@@ -514,7 +516,7 @@ class GraphedSteps(Steps):
         self.max_T = max_T
         self.start = torch.zeros((), dtype=torch.int64, device=self.device)   # position of the step's token 0
         self.graphs: dict[tuple, _Captured] = {}
-        self.commits: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.commits: dict[tuple, tuple] = {}  # key -> (graph, its CommitPlan or None)
         self.last: tuple | None = None          # key and rows of the latest graphed run
 
     def _call(self, g: _Captured, last_only: bool, indexer: bool):
@@ -541,13 +543,20 @@ class GraphedSteps(Steps):
 
     def _commit_graph(self, key: tuple, rows) -> torch.cuda.CUDAGraph:
         """The commit graph of key (T, last_only, indexer, n) for the rows of run graph key[:3], captured (not
-        executed) if new."""
+        executed) if new: one kernel (commit_triton), or CacheState.write where some rows are not contiguous."""
         c = self.commits.get(key)
         if c is None:
-            c = self.commits[key] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(c):
-                self.cache.write(rows, key[3], self.start)
-        return c
+            plan = CommitPlan.build(self.cache.layers, self.cache.ratios, rows, key[3])
+            if plan is not None:
+                plan.load(self.start)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                if plan is None:
+                    self.cache.write(rows, key[3], self.start)
+                else:
+                    plan.write(self.start)
+            c = self.commits[key] = (graph, plan)         # the plan's table lives as long as its graph
+        return c[0]
 
     def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None, first: int = 0,
                 end: int | None = None) -> int:
