@@ -21,6 +21,7 @@ import torch
 from ds4trt.model.config import ModelConfig
 
 NEG = -1e30  # "minus infinity" for compressor scores: exp(NEG - m) == 0, and never NaN
+EMITTED = ("comp", "index")  # LayerCache fields written only by emitting positions; the others are rings
 
 
 @dataclass

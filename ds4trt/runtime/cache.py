@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ds4trt.model.config import ModelConfig
-from ds4trt.model.state import NEG, LayerCache, LayerRows, cache_shapes
+from ds4trt.model.state import EMITTED, NEG, LayerCache, LayerRows, cache_shapes
 
 
 @dataclass
@@ -83,7 +83,7 @@ class CacheState:
         made: dict[tuple, torch.Tensor] = {}      # slot indices, shared by the groups of one ring size / ratio
         for g in self.groups:
             cap, width = g.storage.shape[1:]
-            if g.field in ("comp", "index"):      # the compressed row each position emits (or the spare row)
+            if g.field in EMITTED:                # the compressed row each position emits (or the spare row)
                 lo, key = 0, ("emit", g.ratio, cap)
                 if key not in made:
                     made[key] = self._emit_rows(pos, g.ratio, cap)

@@ -26,10 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ds4trt.model.state import LayerCache, LayerRows
+from ds4trt.model.state import EMITTED, LayerCache, LayerRows
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
-
-COMPRESSED = ("comp", "index")      # the fields written by emitting positions; every other field is a ring
 
 
 @triton.jit
@@ -85,7 +83,7 @@ class CommitPlan:
                 except ValueError:
                     return None
                 cap = t.shape[0]
-                compressed = name in COMPRESSED
+                compressed = name in EMITTED
                 lo = 0 if compressed else n - min(n, cap)
                 entries.append((src.data_ptr(), s_stride, t.data_ptr(), d_stride, width, cap,
                                 ratio if compressed else 0, lo))
