@@ -21,7 +21,8 @@ once.
 Offline sm_90 (ptxas, thirty-second session), per loop step at 64 rows x 4 warps: block 48 registers, 138 instructions
 per 32 values (16 weights a thread: ~8.6 per weight, about the FMA loop's at T = 3, 275 per 32); bd 168 registers,
 560 / 587 instructions per 256 values at T = 2 / 4 (128 weights a thread: ~4.5 per weight), no spills in either.
-Not yet run on a GPU.
+H200 (thirty-third session, BENCHMARKS.md): neither form beats q8_matmul but bd at 4 K splits on attn_q_b at T = 3 / 4
+(19.4 against 21.1 us, before the splits' sum), so a tensor-core Q8_0 product kernel was not built.
 """
 
 from __future__ import annotations
