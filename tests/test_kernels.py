@@ -76,6 +76,14 @@ def _nan(*shape) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=torch.float32, device=DEVICE)
 
 
+def _in_wider(x: torch.Tensor, left: int = 3, right: int = 13) -> torch.Tensor:
+    """x [T, W] on DEVICE as the column slice [:, left:left + W] of a NaN-filled [T, left + W + right] tensor (how a
+    step's inputs come out of its projections' one output): a kernel reading it at the wrong row stride reads NaN."""
+    wide = _nan(x.shape[0], left + x.shape[1] + right)
+    wide[:, left:left + x.shape[1]] = x.to(DEVICE)
+    return wide[:, left:left + x.shape[1]]
+
+
 def _poisoned_workspace(T, k, D, F):
     ws = moe_triton.MoEWorkspace.create(T, k, D, F, DEVICE)
     ws.h.fill_(float("nan"))
@@ -539,7 +547,8 @@ def test_compress_emit_vs_float64(case):
     against float64 within TOL; each rounding ("fp8", "fp4") bit for bit PyTorch's round_row of the kernel's own
     unrounded rows, and non-emitting tokens' rows zero. Fresh random rows and state at magnitudes 1e-3 .. 1e3,
     norm weights 1e-7 .. 10 (blocks below FP8_MIN_AMAX, values in E4M3's subnormal range), steps of 1..16 tokens
-    starting where candidates lie before position 0, in the state, in the step, or both."""
+    starting where candidates lie before position 0, in the state, in the step, or both; this step's kv and score
+    rows as column slices of wider NaN-filled tensors of two row strides (read in place)."""
     from ds4trt.model.attention import emit_rows, round_row
     from ds4trt.plugins.kernels.rows_triton import compress_emit_triton
 
@@ -555,7 +564,7 @@ def test_compress_emit_vs_float64(case):
             kv, skv = (torch.randn(T + coff * R, coff * c, generator=g) * mag).split((T, coff * R))
             sc, ssc = (torch.randn(T + coff * R, coff * c, generator=g) * 3).split((T, coff * R))
             st = torch.tensor(start)
-            args = [a.to(DEVICE) for a in (kv, sc, skv, ssc, st, norm, freq)]
+            args = [_in_wider(kv), _in_wider(sc, 1, 6)] + [a.to(DEVICE) for a in (skv, ssc, st, norm, freq)]
             want = emit_rows(kv.double(), sc.double(), skv.double(), ssc.double(), st, norm.double(), freq, R,
                              "none", n_nope, 1e-6)
             got = compress_emit_triton(*args, R, "none", n_nope, 1e-6).cpu()
@@ -576,7 +585,8 @@ def test_kv_row_vs_float64(shape):
     """The raw KV row of short steps (rows_triton) against model/attention.py kv_row: unrounded rows against float64
     within TOL; the "fp8" rows bit for bit kv_row's rounding (FP8, then f16) of the kernel's own unrounded rows. Fresh
     rows at magnitudes 1e-3 .. 1e3, norm weights 1e-7 .. 10, angles of positions up to 1e5; Flash's row and the tiny
-    model's (a 48-dim FP8 part: a shorter last block)."""
+    model's (a 48-dim FP8 part: a shorter last block); kva a column slice of a wider NaN-filled tensor (read in
+    place)."""
     from ds4trt.model.attention import kv_row
     from ds4trt.model.numerics import fp8_kv_row, round_f16
     from ds4trt.plugins.kernels.rows_triton import kv_row_triton
@@ -590,7 +600,7 @@ def test_kv_row_vs_float64(shape):
                                                                                          dtype=torch.float64)
         cos, sin = torch.cos(ang), torch.sin(ang)
         want = kv_row(kva.double(), norm.double(), cos, sin, 1e-6, "none", n_nope)
-        args = [a.to(DEVICE) for a in (kva, norm, cos, sin)]
+        args = [_in_wider(kva)] + [a.to(DEVICE) for a in (norm, cos, sin)]
         got = kv_row_triton(*args, 1e-6, "none", n_nope).cpu()
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
         rounded = kv_row_triton(*args, 1e-6, "fp8", n_nope).cpu()

@@ -130,15 +130,18 @@ def index_score(keys: int = 513, heads: int = 64, di: int = 128):
 
 
 def kv_row(C: int = 512, NR: int = 64, n_nope: int = 448):
+    """kva read in place from attention's q_a + kv output (rows 1536 values apart)"""
     K = rows_triton
-    return K._kv_row.warmup(F32, F32, F32, F32, F32, 1e-6, C=C, NR=NR, POST=1, NOPE=n_nope, NB=K._fp8_blocks(n_nope),
-                            num_warps=4, **LAUNCH)
+    return K._kv_row.warmup(F32, 1536, F32, F32, F32, F32, 1e-6, C=C, NR=NR, POST=1, NOPE=n_nope,
+                            NB=K._fp8_blocks(n_nope), num_warps=4, **LAUNCH)
 
 
 def compress_emit(R: int, C: int, NR: int, post: str, n_nope: int):
+    """kv read in place from a ratio-4 layer's F16 projections' output (rows 2624 values apart), score contiguous"""
     K = rows_triton
-    return K._compress_emit.warmup(F32, F32, F32, F32, I64, F32, F64, F32, 1e-6,
-                                   **K.emit_constexprs(R, 2 if R == 4 else 1, C, NR, post, n_nope), num_warps=K.WARPS,
+    coff = 2 if R == 4 else 1
+    return K._compress_emit.warmup(F32, 2624, F32, coff * C, F32, F32, I64, F32, F64, F32, 1e-6,
+                                   **K.emit_constexprs(R, coff, C, NR, post, n_nope), num_warps=K.WARPS,
                                    **LAUNCH)
 
 

@@ -5,6 +5,7 @@
     compress_emit_triton(kv [T, coff*c] f32, score [T, coff*c], state_kv [coff*R, coff*c], state_score, start 0-d int64,
                          norm [c] f32, freq [n_rot/2] f64, ratio, post, n_nope, eps) -> rows [T, c] f32
         = model/attention.py emit_rows
+kva, kv and score may be column slices of a wider [T, *] tensor (their rows are read in place).
 
 kv_row: program t does token t's row (compiled PyTorch made three kernels of it: the norm's and the FP8 blocks'
 reductions and the rotation between them).
@@ -74,16 +75,16 @@ def _norm_rope(x, norm_ptr, cs, sn, eps, C: tl.constexpr, NR: tl.constexpr):
 
 
 @triton.jit
-def _kv_row(kva_ptr, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, C: tl.constexpr, NR: tl.constexpr, POST: tl.constexpr,
-            NOPE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
-    """Program t: token t's row kva[t] -> out[t] (C values, the last NR rotated)."""
+def _kv_row(kva_ptr, kva_stride, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, C: tl.constexpr, NR: tl.constexpr,
+            POST: tl.constexpr, NOPE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
+    """Program t: token t's row kva[t] (at kva_ptr + t * kva_stride) -> out[t] (C values, the last NR rotated)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     d = tl.arange(0, C)
     j = tl.arange(0, C // 2) - (C - NR) // 2                                            # pair j of the tail
     cs = tl.load(cos_ptr + t * (NR // 2) + j, mask=j >= 0, other=1.0)
     sn = tl.load(sin_ptr + t * (NR // 2) + j, mask=j >= 0, other=0.0)
-    x = _norm_rope(tl.load(kva_ptr + t * C + d), norm_ptr, cs, sn, eps, C, NR)
+    x = _norm_rope(tl.load(kva_ptr + t * kva_stride + d), norm_ptr, cs, sn, eps, C, NR)
     if POST == 1:
         x = _round_fp8(x, NOPE, C, NB).to(tl.float16).to(tl.float32)
     tl.store(out_ptr + t * C + d, x)
@@ -102,37 +103,41 @@ def kv_row_triton(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin:
                          f"sin [T, n_rot/2] with n_rot <= d, post 'none' or 'fp8'; got kva {kva.dtype} "
                          f"{list(kva.shape)}, norm {list(norm.shape)}, cos {list(cos.shape)}, post {post!r}, "
                          f"n_nope {n_nope}")
-    out = torch.empty_like(kva)
-    _kv_row[(T,)](kva.contiguous(), norm.contiguous(), cos.to(torch.float32).contiguous(),
+    out = torch.empty(T, C, dtype=torch.float32, device=kva.device)
+    kva = _rows(kva)
+    _kv_row[(T,)](kva, kva.stride(0), norm.contiguous(), cos.to(torch.float32).contiguous(),
                   sin.to(torch.float32).contiguous(), out, eps, C=C, NR=nr, POST=POSTS.index(post),
                   NOPE=max(n_nope, 1), NB=_fp8_blocks(n_nope), num_warps=4, **pdl_launch(kva.device))
     return out
 
 
 @triton.jit
-def _candidates(sc_ptr, ssc_ptr, start, p, i0, R: tl.constexpr, COFF: tl.constexpr, C: tl.constexpr,
+def _candidates(sc_ptr, sc_stride, ssc_ptr, start, p, i0, R: tl.constexpr, COFF: tl.constexpr, C: tl.constexpr,
                 CH: tl.constexpr):
     """Candidates i0 .. i0+CH-1 of the row position p emits: their scores s [CH, C] (NEG_SCORE before position 0 and
-    past the last), the offsets of their values in this step's rows (on, where `new` [CH, C]) and in the state's
-    (oo, -1 where not there)."""
+    past the last), their rows in this step (rn [CH]) and columns there (cd [CH, C]; where `new` [CH, C]) and the
+    offsets of their values in the state's rows (oo, -1 where not there)."""
     i = i0 + tl.arange(0, CH)
     q = p + 1 - COFF * R + i                                                             # positions
     col = (i // R) * C                              # ratio 4: the previous block's first half, then the second half
     d = tl.arange(0, C)[None, :]
     new = tl.broadcast_to(((q >= start) & (i < COFF * R))[:, None], (CH, C))
     old = tl.broadcast_to(((q >= 0) & (q < start) & (i < COFF * R))[:, None], (CH, C))
-    on = (tl.where(q >= start, q - start, 0) * (COFF * C) + col)[:, None] + d
-    oo = tl.where(old, ((tl.where(q >= 0, q, 0) % (COFF * R)) * (COFF * C) + col)[:, None] + d, -1)
-    s = tl.where(new, tl.load(sc_ptr + on, mask=new, other=0.0), tl.load(ssc_ptr + oo, mask=old, other=NEG_SCORE))
-    return s, on, oo, new
+    rn = tl.where(q >= start, q - start, 0)
+    cd = col[:, None] + d
+    oo = tl.where(old, ((tl.where(q >= 0, q, 0) % (COFF * R)) * (COFF * C))[:, None] + cd, -1)
+    s = tl.where(new, tl.load(sc_ptr + rn[:, None] * sc_stride + cd, mask=new, other=0.0),
+                 tl.load(ssc_ptr + oo, mask=old, other=NEG_SCORE))
+    return s, rn, cd, oo, new
 
 
 @triton.jit
-def _compress_emit(kv_ptr, sc_ptr, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_ptr, out_ptr, eps,
+def _compress_emit(kv_ptr, kv_stride, sc_ptr, sc_stride, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_ptr, out_ptr, eps,
                    R: tl.constexpr, COFF: tl.constexpr, C: tl.constexpr, NR: tl.constexpr, CH: tl.constexpr,
                    POST: tl.constexpr, NOPE: tl.constexpr, NB: tl.constexpr, LOG2C: tl.constexpr,
                    FP4B: tl.constexpr, PDL: tl.constexpr):
-    """Program t: the row of token t -> out[t, :C]. Input rows are COFF*C wide."""
+    """Program t: the row of token t -> out[t, :C]. Input rows are COFF*C wide, this step's kv and score rows
+    kv_stride and sc_stride values apart."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     start = tl.load(start_ptr)
@@ -145,9 +150,10 @@ def _compress_emit(kv_ptr, sc_ptr, skv_ptr, ssc_ptr, start_ptr, norm_ptr, freq_p
         den = tl.zeros([C], tl.float32)
         num = tl.zeros([C], tl.float32)
         for i0 in range(0, COFF * R, CH):
-            s, on, oo, new = _candidates(sc_ptr, ssc_ptr, start, p, i0, R, COFF, C, CH)
+            s, rn, cd, oo, new = _candidates(sc_ptr, sc_stride, ssc_ptr, start, p, i0, R, COFF, C, CH)
             old = oo >= 0
-            v = tl.load(kv_ptr + on, mask=new, other=0.0) + tl.load(skv_ptr + oo, mask=old, other=0.0)
+            v = tl.load(kv_ptr + rn[:, None] * kv_stride + cd, mask=new, other=0.0) \
+                + tl.load(skv_ptr + oo, mask=old, other=0.0)
             m_new = tl.maximum(m, tl.max(s, axis=0))
             w = tl.where(s == NEG_SCORE, 0.0, tl.exp(s - m_new[None, :]))                  # [CH, C]
             r = tl.exp(m - m_new)
@@ -183,8 +189,9 @@ def compress_emit_triton(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.
                          f"{kv.dtype} {list(kv.shape)}, score {list(score.shape)}, state {list(state_kv.shape)}, "
                          f"c {C}, n_rot {nr}, ratio {ratio}, post {post!r}, n_nope {n_nope}")
     out = torch.empty(T, C, dtype=torch.float32, device=kv.device)
-    _compress_emit[(T,)](kv.contiguous(), score.contiguous(), state_kv.contiguous(), state_score.contiguous(), start,
-                         norm.contiguous(), freq.to(torch.float64).contiguous(), out, eps,
+    kv, score = _rows(kv), _rows(score)
+    _compress_emit[(T,)](kv, kv.stride(0), score, score.stride(0), state_kv.contiguous(), state_score.contiguous(),
+                         start, norm.contiguous(), freq.to(torch.float64).contiguous(), out, eps,
                          **emit_constexprs(ratio, coff, C, nr, post, n_nope), num_warps=WARPS, **pdl_launch(kv.device))
     return out
 
@@ -195,6 +202,13 @@ def emit_constexprs(ratio: int, coff: int, c: int, n_rot: int, post: str, n_nope
                 POST=POSTS.index(post), NOPE=max(n_nope, 1),
                 NB=_fp8_blocks(n_nope), LOG2C=c.bit_length() - 1,
                 FP4B=min(FP4_BLOCK, c))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, W] as the kernels read it: rows x.stride(0) values apart, each row's values adjacent. A step's inputs are
+    column slices of its projections' one output (LinearGroup) and are used in place: a copy of each was a kernel of
+    its own in every verify step (~2 us each, 2-3 per layer)."""
+    return x if x.stride(1) == 1 else x.contiguous()
 
 
 def _fp8_blocks(n_nope: int) -> int:

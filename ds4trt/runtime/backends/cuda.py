@@ -211,7 +211,7 @@ def kv_row_op(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: tor
 
 @kv_row_op.register_fake
 def _(kva, norm, cos, sin, eps, post, n_nope):
-    return torch.empty_like(kva)
+    return kva.new_empty(kva.shape)
 
 
 def kv_row_kernel(kva, norm, cos, sin, eps: float, post: str, n_nope: int):
