@@ -66,6 +66,32 @@ def test_trace_table_sums_kernels_per_trace(tmp_path):
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.tsv line 1" in out.stderr
 
 
+def test_trace_table_ends_gives_each_kernel_its_share_of_the_span(tmp_path):
+    """scripts/trace_table.py --ends on a timeline: a kernel that starts before the previous one ends (programmatic
+    dependent launch) counts only past that end, one inside another counts nothing, idle gaps are their own row,
+    and the shares add up to the span; a line without three fields is one clear error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "trace_table.py"
+    t = tmp_path / "step.tsv.timeline"
+    # unsorted on purpose: the shares follow the starts
+    t.write_text("5.0\t10.0\t_attend_join\n0.0\t10.0\t_attend_part\n21.0\t0.5\ttriton_poi_fused_1\n"
+                 "20.0\t2.0\t_kv_row\n")
+    out = subprocess.run([sys.executable, script, "--ends", str(t), "--min-us", "0"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {line[:52].strip(): line[52:].split() for line in out.stdout.splitlines()[1:]}
+    assert rows["_attend_part"] == ["10.0", "/", "1"] and rows["_attend_join"] == ["5.0", "/", "1"]
+    assert rows["(idle)"] == ["5.0", "/", "1"] and rows["_kv_row"] == ["2.0", "/", "1"]
+    assert rows["triton_* (Inductor)"] == ["0.0", "/", "1"]
+    assert rows["total"] == ["22.0", "/", "5"]
+    (tmp_path / "bad.timeline").write_text("0.0\t_q8_rows\n")
+    out = subprocess.run([sys.executable, script, "--ends", str(tmp_path / "bad.timeline")], capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.timeline line 1" in out.stderr
+
+
 SASS_TWO_LOOPS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/                   FFMA R2, R3, R4, R5 ;
