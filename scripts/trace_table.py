@@ -60,15 +60,15 @@ def load_ends(path: str, by_name: bool) -> tuple[dict[str, float], collections.C
             except (ValueError, IndexError):
                 sys.exit(f"trace_table: {path} line {n}: expected 'start<tab>microseconds<tab>kernel name', "
                          f"got {line.rstrip()[:60]!r}")
-    done = None                                      # the latest end so far
-    for start, us, name in sorted(kernels):
-        if done is not None and start > done:
+    kernels.sort()
+    done = kernels[0][0] if kernels else 0.0         # the latest end so far
+    for start, us, name in kernels:
+        if start > done:
             total["(idle)"] += start - done
             count["(idle)"] += 1
-        begin = start if done is None else max(start, done)
-        total[name] += max(0.0, start + us - begin)
+        total[name] += max(0.0, start + us - max(start, done))
         count[name] += 1
-        done = start + us if done is None else max(done, start + us)
+        done = max(done, start + us)
     return total, count
 
 

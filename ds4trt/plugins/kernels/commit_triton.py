@@ -49,12 +49,11 @@ def _commit_rows(table_ptr, start_ptr, MAXW: tl.constexpr, PDL: tl.constexpr):
     tl.store(dst + slot * tl.load(entry + 3) + w, row, mask=live)
 
 
-def _words(t: torch.Tensor, what: str) -> tuple[int, int]:
-    """(row stride, row width) of a 2-d tensor with contiguous rows, in 32-bit words."""
+def _words(t: torch.Tensor) -> tuple[int, int] | None:
+    """(row stride, row width) in 32-bit words of a 2-d tensor with contiguous, word-aligned rows, else None."""
     size = t.element_size()
     if t.dim() != 2 or t.stride(1) != 1 or (t.shape[1] * size) % 4 or (t.stride(0) * size) % 4 or t.data_ptr() % 4:
-        raise ValueError(f"commit_triton: {what} must be 2-d with contiguous, word-aligned rows, got "
-                         f"{list(t.shape)} strides {t.stride()} {t.dtype}")
+        return None
     return t.stride(0) * size // 4, t.shape[1] * size // 4
 
 
@@ -77,11 +76,10 @@ class CommitPlan:
                         or src.shape[0] < n:
                     raise ValueError(f"commit_triton: rows.{name} {None if src is None else list(src.shape)} do not "
                                      f"fit the cache tensor {list(t.shape)} {t.dtype} for {n} rows")
-                try:
-                    s_stride, width = _words(src, f"rows.{name}")
-                    d_stride, _ = _words(t, f"cache.{name}")
-                except ValueError:
+                src_words, dst_words = _words(src), _words(t)
+                if src_words is None or dst_words is None:
                     return None
+                (s_stride, width), (d_stride, _) = src_words, dst_words
                 cap = t.shape[0]
                 compressed = name in EMITTED
                 lo = 0 if compressed else n - min(n, cap)
