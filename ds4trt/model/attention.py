@@ -240,9 +240,13 @@ class Attention(nn.Module):
             R = self.ratio
             rows.comp_kv, rows.comp_score = uc[0], self.compressor.score(uc[1], pos)
             rows.comp = self.compressor.emit(rows.comp_kv, rows.comp_score, cache.comp_kv, cache.comp_score, start)
+            # without the indexer no token sees more than index_top_k compressed rows (indexer_needed), the cache's
+            # first ones: the rest of a large cache would be keys masked for every query (at a 65536-token cache
+            # 16385 rows per ratio-4 layer, copied and scored in each step)
+            old_comp = cache.comp[:cfg.index_top_k] if R == 4 and not indexer else cache.comp           # [Kc, d]
             n_old = torch.div(start, R, rounding_mode="floor")
             emits = torch.remainder(pos + 1, R) == 0
-            old_vis = (torch.arange(cache.comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)   # [T, Kc]
+            old_vis = (torch.arange(old_comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)     # [T, Kc]
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_new = rows.comp
             if T > QUERY_BLOCK:
@@ -251,7 +255,7 @@ class Attention(nn.Module):
                 new, ok = self._emitting(start, T)                                             # [n]
                 new_vis, comp_new = new_vis[:, new] & ok[None, :], rows.comp[new]
             comp_vis = torch.cat([old_vis, new_vis], dim=1)
-            comp = torch.cat([cache.comp, comp_new], dim=0)                                  # [Kc+T or Kc+n, d]
+            comp = torch.cat([old_comp, comp_new], dim=0)                                    # [Kc+T or Kc+n, d]
             if self.ratio == 4:
                 rows.index_kv, rows.index_score = uc[2], self.index_compressor.score(uc[3], pos)
                 rows.index = self.index_compressor.emit(rows.index_kv, rows.index_score, cache.index_kv,
