@@ -242,7 +242,7 @@ class Attention(nn.Module):
             rows.comp = self.compressor.emit(rows.comp_kv, rows.comp_score, cache.comp_kv, cache.comp_score, start)
             # without the indexer no token sees more than index_top_k compressed rows (indexer_needed), the cache's
             # first ones: the rest of a large cache would be keys masked for every query (at a 65536-token cache
-            # 16385 rows per ratio-4 layer, copied and scored in each step)
+            # 16385 rows per ratio-4 layer, copied into the keys and split over in each step)
             old_comp = cache.comp[:cfg.index_top_k] if R == 4 and not indexer else cache.comp           # [Kc, d]
             n_old = torch.div(start, R, rounding_mode="floor")
             emits = torch.remainder(pos + 1, R) == 0
