@@ -279,11 +279,30 @@ def test_tiny_greedy_graphs_match_cpu(numerics):
 
 
 @gpu_only
-def test_tiny_greedy_compiled_graphs_match_cpu():
-    """numerics float: Inductor's fused glue agrees with the reference to float32 rounding, not bit for bit"""
+@pytest.mark.parametrize("min_bound", [None, 16])
+def test_tiny_greedy_compiled_graphs_match_cpu(min_bound, monkeypatch):
+    """numerics float: Inductor's fused glue agrees with the reference to float32 rounding, not bit for bit. With
+    cuda.MIN_BOUND 16 the decode steps (positions 22..35 of a 64-token context) read the compressed caches cut to
+    bounds 32 and 64, and the second bound compiles nothing (the cut's row count is a dynamic dimension)."""
+    from torch._dynamo.utils import counters
+
+    if min_bound is not None:
+        monkeypatch.setattr(cuda, "MIN_BOUND", min_bound)
     target, mtp = tiny_files()
-    engine = cuda.open_engine(target, mtp, numerics="float", compile=True)
-    assert greedy(engine) == greedy(Engine.open(target, mtp, numerics="float"))
+    want = greedy(Engine.open(target, mtp, numerics="float"))
+    s = cuda.open_engine(target, mtp, numerics="float", compile=True).session(64)
+    s.prefill(PROMPT, chunk=9)
+    got, compiled = [s.argmax()], {}
+    while len(got) < len(want):
+        bound, before = s.target.bound(1), counters["stats"]["unique_graphs"]
+        s.eval(got[-1])
+        got.append(s.argmax())
+        compiled[bound] = compiled.get(bound, 0) + counters["stats"]["unique_graphs"] - before
+    assert got == want
+    if min_bound is None:
+        assert list(compiled) == [64]
+    else:
+        assert list(compiled) == [32, 64] and compiled[32] > 0 and compiled[64] == 0, compiled
 
 
 @pytest.fixture(scope="module")
@@ -420,11 +439,15 @@ def test_tiny_speculative_matches_cpu_greedy(n_draft):
 
 
 @gpu_only
-def test_warm_up_captures_every_graph_decoding_replays():
+@pytest.mark.parametrize("min_bound", [None, 16])
+def test_warm_up_captures_every_graph_decoding_replays(min_bound, monkeypatch):
     """Session.warm_up(n_draft) captures the graphs that speculative (and plain) decoding replay, with and without
-    the indexer, and writes no cache row: a tiny-model session whose prompt ends below position 4 * index_top_k
-    and whose generation passes it captures nothing more, and decodes exactly the CPU reference's greedy tokens.
-    Every commit graph is the one-kernel commit (commit_triton), none CacheState.write's fallback."""
+    the indexer (and, with cuda.MIN_BOUND 16 in a 64-token context, for bounds 16, 32 and 64: Steps.kinds), and
+    writes no cache row: a tiny-model session whose prompt ends below position 4 * index_top_k and whose generation
+    passes it captures nothing more, and decodes exactly the CPU reference's greedy tokens. Every commit graph is
+    the one-kernel commit (commit_triton), none CacheState.write's fallback."""
+    if min_bound is not None:
+        monkeypatch.setattr(cuda, "MIN_BOUND", min_bound)
     target, mtp = tiny_files()
     engine = cuda.open_engine(target, mtp, numerics="float")
     prompt = PROMPT[:8]
@@ -436,6 +459,7 @@ def test_warm_up_captures_every_graph_decoding_replays():
         assert s.warm_up(n_draft) > 0
         assert all(torch.equal(v, empty[k]) for k, v in s.cache.tensors().items())
         assert {key[2] for key in s.target.graphs} == {False, True}
+        assert {key[3] for key in s.target.graphs} == ({64} if min_bound is None else {16, 32, 64})
         steps = [s.target] + ([s.drafter.head, s.drafter.scratch_head] if n_draft else [])
         assert all(plan is not None for st in steps for _, plan in st.commits.values()), "a commit fell back"
         captured = lambda: [(set(st.graphs), set(st.commits)) for st in steps]  # noqa: E731

@@ -34,6 +34,7 @@ from ds4trt.model.state import LayerRows
 from ds4trt.runtime.cache import CacheState
 from ds4trt.runtime.session import PREFILL_CHUNK, Engine
 from ds4trt.runtime.speculative import MTPDrafter
+from ds4trt.runtime.steps import Steps
 from ds4trt.testing.tiny_gguf import tiny_config, write_model_gguf, write_mtp_gguf
 from tiny_engines import greedy
 
@@ -441,15 +442,44 @@ def test_warm_up_of_eager_steps_is_a_no_op(m4):
     assert got == m4.greedy([5, 6, 7], 9)
 
 
-def test_indexer_flags_of_a_position_range(m4):
-    """Steps.indexer_flags (what a graph backend's warm-up captures): the flags of steps starting at `first` or later
-    and ending by `end`. The tiny config's top-k of 3 needs the indexer once a step ends past position 15."""
+def test_step_kinds_of_a_position_range(m4):
+    """Steps.kinds (what a graph backend's warm-up captures): the (indexer flag, bound) pairs of steps starting at
+    `first` or later and ending by `end`. The tiny config's top-k of 3 needs the indexer once a step ends past
+    position 15; without min_bound every bound is the context, with min_bound 16 the powers of two 16 .. CTX."""
     steps = m4.engine.session(CTX).target
-    assert steps.indexer_flags(1) == [False, True]                      # the whole context
-    assert steps.indexer_flags(1, 0, 15) == [False]                     # ends by 15: never
-    assert steps.indexer_flags(1, 20, 40) == [True]                     # starts past it: always
-    assert steps.indexer_flags(3, 12, 16) == [False, True]              # 12..14 does not, 13..15 does
-    assert steps.indexer_flags(3, 0, 10 * CTX) == steps.indexer_flags(3)    # end is at most the context
+    assert steps.kinds(1) == [(False, CTX), (True, CTX)]                # the whole context
+    assert steps.kinds(1, 0, 15) == [(False, CTX)]                      # ends by 15: never
+    assert steps.kinds(1, 20, 40) == [(True, CTX)]                      # starts past it: always
+    assert steps.kinds(3, 12, 16) == [(False, CTX), (True, CTX)]        # 12..14 does not, 13..15 does
+    assert steps.kinds(3, 0, 10 * CTX) == steps.kinds(3)                # end is at most the context
+    cut = Steps(steps.model, steps.cache, 16)
+    assert cut.kinds(1) == [(False, 16), (True, 16), (True, 32), (True, 64), (True, 128), (True, 256)]
+    assert cut.kinds(3, 30, 70) == [(True, 64), (True, 128)]            # 30..32 ends in 33: past 32
+    assert cut.kinds(1, 31, 32) == [(True, 32)]
+    assert [cut.bound(1, p) for p in (0, 15, 16, 31, 32, 200, CTX - 1)] == [16, 16, 32, 32, 64, 256, 256]
+    assert Steps(steps.model, CacheState(m4.cfg, CTX, ratios=[0]), 16).bound(1, 100) == CTX   # nothing to cut
+
+
+def test_cut_caches_give_the_whole_caches_logits(m4):
+    """Steps with min_bound read the compressed caches cut to the rows below each step's bound (a cache of 256
+    positions: 65 / 33 rows per ratio-4 / ratio-8 layer; bound 16: 5 / 3; the config's 6 layers: sliding x 2, then
+    ratio 4, 8, 4, 8): decode and verify steps at every
+    position up to 200 give the logits of the whole caches, through every bound and past where the indexer starts."""
+    s = m4.engine.session(CTX)
+    whole, cut = s.target, Steps(s.model, s.cache, 16)
+    tokens = torch.randint(0, m4.cfg.n_vocab, (204,), generator=torch.Generator().manual_seed(5)).tolist()
+    sizes = {b: [c.comp.shape[0] for c in cut.layers(b) if c.comp is not None] for b in (16, 64, CTX)}
+    assert sizes == {16: [5, 3] * 2, 64: [17, 9] * 2, CTX: [65, 33] * 2}
+    bounds = set()
+    with torch.no_grad():
+        for p in range(200):
+            for T in ((1, 3) if p % 7 == 0 else (1,)):
+                (a, _, _), (b, _, _) = whole.run(tokens[p:p + T]), cut.run(tokens[p:p + T])
+                rel = ((a - b).abs().max() / a.abs().max()).item()
+                assert rel <= TOL, (p, T, rel)
+                bounds.add(cut.bound(T))
+            s.cache.commit(whole.run(tokens[p:p + 1])[2], 1)
+    assert bounds == {16, 32, 64, 128, 256}
 
 
 def test_engine_without_mtp(tiny_gguf, m4):

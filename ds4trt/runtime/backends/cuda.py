@@ -19,15 +19,17 @@ two (attn_triton), the indexer's scores as one (index_triton), the raw KV row an
 too (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
-Graphs: GraphedSteps captures `run` for each (T, last_only, indexer) with T <= MAX_GRAPH_T (decode, verify of up to 8
-drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer) and `commit` for
-each of those and n (one kernel: commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run
-does it); prefill chunks run eagerly.
+Graphs: GraphedSteps captures `run` for each (T, last_only, indexer, bound) with T <= MAX_GRAPH_T (decode, verify of
+up to 8 drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer; bound: the
+positions below which it reads compressed rows, Steps.bound, a power of two from MIN_BOUND on, so that a step's cost
+follows the context used rather than --ctx) and `commit` for each of those and n (one kernel:
+commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run eagerly.
 Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
 Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
-per block kind, step length and indexer flag, compiled in the warm-up or on first use (about a minute per step length
+per block kind, step length and indexer flag (each bound is the same compiled code: the compressed caches' row
+count is a dynamic dimension), compiled in the warm-up or on first use (about a minute per step length
 for the 43 Flash layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch
 independent small kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent
 launch (PDL) like the package's own kernels (plugins/kernels/pdl.py).
@@ -65,6 +67,8 @@ KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the wei
                              # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
                              # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
+MIN_BOUND = 4096             # graphed steps read the compressed rows of positions below a power of two from this on
+                             # (Steps.bound): at ds4-run's default --ctx one bound, the whole cache
 FUSED_MAX_T = 16             # steps of up to this many rows keep the PyTorch version of the streams' update (a
                              # compiled step fuses it into its glue); longer ones (prefill chunks) run the
                              # single-pass kernel (hc_post_triton)
@@ -506,53 +510,66 @@ class _Captured:
 
 
 class GraphedSteps(Steps):
-    """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer) for `run`, one per
-    (T, last_only, indexer, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on its first
+    """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer, bound) for `run`, one per
+    (T, last_only, indexer, bound, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on its first
     call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as fresh tensors
     and the rows as the graph's own outputs: valid until this object's next `run` (commit them before that)."""
 
     def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
-        super().__init__(model, cache)
+        super().__init__(model, cache, MIN_BOUND)
         self.max_T = max_T
         self.start = torch.zeros((), dtype=torch.int64, device=self.device)   # position of the step's token 0
         self.graphs: dict[tuple, _Captured] = {}
         self.commits: dict[tuple, tuple] = {}  # key -> (graph, its CommitPlan or None)
         self.last: tuple | None = None          # key and rows of the latest graphed run
 
-    def _call(self, g: _Captured, last_only: bool, indexer: bool):
+    def layers(self, bound: int):
+        """Steps.layers, a cut's compressed row count marked dynamic for torch.compile: one compiled step serves
+        every bound (a recompile only where the count crosses a shape test of the step, such as top_rows_kernel's
+        MAX_N)."""
+        cut = super().layers(bound)
+        if cut is not self.cache.layers:
+            for c in cut:
+                for t in (c.comp, c.index):
+                    if t is not None:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+        return cut
+
+    def _call(self, g: _Captured, last_only: bool, indexer: bool, bound: int):
         args = (g.tokens,) if g.h is None else (g.tokens, g.h)
-        return self.model(*args, self.start, self.cache.layers, last_only=last_only, indexer=indexer)
+        return self.model(*args, self.start, self.layers(bound), last_only=last_only, indexer=indexer)
 
     def _graph(self, key: tuple, h: torch.Tensor | None) -> _Captured:
-        """The run graph of key (T, last_only, indexer), captured if new; h: [T, S, D] (the MTP head) or None."""
+        """The run graph of key (T, last_only, indexer, bound), captured if new; h: [T, S, D] (the MTP head) or
+        None."""
         g = self.graphs.get(key)
         if g is None:
-            T, last_only, indexer = key
+            T = key[0]
             g = _Captured(None, torch.zeros(T, dtype=torch.int64, device=self.device),
                           None if h is None else torch.zeros_like(h), None)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):                     # warm-up: Triton compiles, lookup tables load
-                self._call(g, last_only, indexer)
+                self._call(g, *key[1:])
             torch.cuda.current_stream().wait_stream(side)
             g.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.graph):
-                g.out = self._call(g, last_only, indexer)
+                g.out = self._call(g, *key[1:])
             self.graphs[key] = g
         return g
 
     def _commit_graph(self, key: tuple, rows) -> torch.cuda.CUDAGraph:
-        """The commit graph of key (T, last_only, indexer, n) for the rows of run graph key[:3], captured (not
+        """The commit graph of key (T, last_only, indexer, bound, n) for the rows of run graph key[:4], captured (not
         executed) if new: one kernel (commit_triton), or CacheState.write where some rows are not contiguous."""
         c = self.commits.get(key)
         if c is None:
-            plan = CommitPlan.build(self.cache.layers, self.cache.ratios, rows, key[3])
+            plan = CommitPlan.build(self.cache.layers, self.cache.ratios, rows, key[4])
             if plan is not None:
                 plan.load(self.start)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 if plan is None:
-                    self.cache.write(rows, key[3], self.start)
+                    self.cache.write(rows, key[4], self.start)
                 else:
                     plan.write(self.start)
             c = self.commits[key] = (graph, plan)         # the plan's table lives as long as its graph
@@ -561,16 +578,16 @@ class GraphedSteps(Steps):
     def prepare(self, T: int, last_only: bool, h: torch.Tensor | None = None, first: int = 0,
                 end: int | None = None) -> int:
         """Capture now the graphs of run(T tokens, last_only[, h]) and of its commits of 1..T rows, for each indexer
-        flag such a step can have from position `first` on, up to `end` (Steps.indexer_flags), so that none is
+        flag and bound such a step can have from position `first` on, up to `end` (Steps.kinds), so that none is
         compiled or captured mid-stream (the first step past position 4 * index_top_k would be). Writes no cache
         row. Returns the graphs captured."""
         if T > self.max_T:
             return 0
         before = len(self.graphs) + len(self.commits)
-        for indexer in self.indexer_flags(T, first, end):
-            g = self._graph((T, last_only, indexer), h)
+        for indexer, bound in self.kinds(T, first, end):
+            g = self._graph((T, last_only, indexer, bound), h)
             for n in range(1, T + 1):
-                self._commit_graph((T, last_only, indexer, n), g.out[2])
+                self._commit_graph((T, last_only, indexer, bound, n), g.out[2])
         return len(self.graphs) + len(self.commits) - before
 
     def run(self, tokens: list[int], h: torch.Tensor | None = None, last_only: bool = False, graph: bool = True):
@@ -579,7 +596,7 @@ class GraphedSteps(Steps):
             self.last = None
             with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
                 return super().run(tokens, h, last_only)
-        key = (T, last_only, self.indexer(T))
+        key = (T, last_only, self.indexer(T), self.bound(T))
         self.start.fill_(self.cache.pos)
         g = self._graph(key, h)
         g.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
