@@ -482,6 +482,39 @@ def test_cut_caches_give_the_whole_caches_logits(m4):
     assert bounds == {16, 32, 64, 128, 256}
 
 
+def test_cut_caches_compile_once_for_every_bound(tiny_gguf):
+    """Steps.layers marks a cut's row count dynamic: torch.compile'd blocks (as the CUDA backend's compile_blocks,
+    Inductor on the CPU here) compile for the first bound and the indexer's first step and for none of the later
+    bounds (32, 64 of a 64-token context), each step within float32 rounding of the same blocks run eagerly. The
+    MoE is replaced by a traceable stand-in (the reference's loop over the routed experts is data-dependent)."""
+    from torch._dynamo.utils import counters
+
+    from ds4trt.model.transformer import FeedForward
+
+    engine = Engine.open(tiny_gguf, numerics="float")
+    for m in engine.model.modules():
+        if isinstance(m, FeedForward):
+            m.both_experts = lambda v, ids, weights: v * weights.sum(dim=-1, keepdim=True)  # noqa: B023
+    eager = engine.model.blocks
+    compiled = torch.nn.ModuleList(torch.compile(b, fullgraph=True, dynamic=False) for b in eager)
+    s = engine.session(64)
+    steps = Steps(s.model, s.cache, 16)
+    tokens = torch.randint(0, engine.cfg.n_vocab, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    made: dict[tuple, int] = {}
+    with torch.no_grad():
+        for p in range(40):
+            kind, before = (steps.indexer(1), steps.bound(1)), counters["stats"]["unique_graphs"]
+            engine.model.blocks = compiled
+            got, _, rows = steps.run(tokens[p:p + 1])
+            made[kind] = made.get(kind, 0) + counters["stats"]["unique_graphs"] - before
+            engine.model.blocks = eager
+            want = steps.run(tokens[p:p + 1])[0]
+            assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-5, p
+            s.cache.commit(rows, 1)
+    assert list(made) == [(False, 16), (True, 16), (True, 32), (True, 64)]
+    assert made[(False, 16)] > 0 and made[(True, 16)] > 0 and made[(True, 32)] == made[(True, 64)] == 0, made
+
+
 def test_engine_without_mtp(tiny_gguf, m4):
     """No MTP head: speculative steps degrade to one token per target pass; an external drafter still works."""
     model = Model("r4r8-nomtp", _open(tiny_gguf, None))

@@ -58,13 +58,19 @@ class Steps:
     def layers(self, bound: int) -> list[LayerCache]:
         """The cache's layers with each compressed cache (comp, index) cut to its first bound // R + 1 rows (a
         position p < bound sees rows below p // R; one more keeps a cut of 2 rows or more, which torch.compile does
-        not specialize): views, made once per bound; the whole layers for the context."""
+        not specialize): views, made once per bound, their row count marked dynamic for torch.compile (one compiled
+        step serves every bound; a recompile only where the count crosses a shape test of the step, such as the
+        CUDA backend's top_rows_kernel's); the whole layers for the context."""
         if bound >= self.cache.ctx:
             return self.cache.layers
         if bound not in self.cut:
             self.cut[bound] = [c if not r else replace(c, comp=c.comp[:bound // r + 1],
                                                        index=None if c.index is None else c.index[:bound // r + 1])
                                for c, r in zip(self.cache.layers, self.cache.ratios)]
+            for c in self.cut[bound]:
+                for t in (c.comp, c.index):
+                    if t is not None:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
         return self.cut[bound]
 
     def kinds(self, T: int, first: int = 0, end: int | None = None) -> list[tuple[bool, int]]:

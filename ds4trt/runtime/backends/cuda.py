@@ -523,18 +523,6 @@ class GraphedSteps(Steps):
         self.commits: dict[tuple, tuple] = {}  # key -> (graph, its CommitPlan or None)
         self.last: tuple | None = None          # key and rows of the latest graphed run
 
-    def layers(self, bound: int):
-        """Steps.layers, a cut's compressed row count marked dynamic for torch.compile: one compiled step serves
-        every bound (a recompile only where the count crosses a shape test of the step, such as top_rows_kernel's
-        MAX_N)."""
-        cut = super().layers(bound)
-        if cut is not self.cache.layers:
-            for c in cut:
-                for t in (c.comp, c.index):
-                    if t is not None:
-                        torch._dynamo.maybe_mark_dynamic(t, 0)
-        return cut
-
     def _call(self, g: _Captured, last_only: bool, indexer: bool, bound: int):
         args = (g.tokens,) if g.h is None else (g.tokens, g.h)
         return self.model(*args, self.start, self.layers(bound), last_only=last_only, indexer=indexer)
