@@ -185,8 +185,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--ctx", type=int, default=None,
                     help="cache capacity in tokens, like ds4-run --ctx (whose default is 4096); without it, just "
-                         "what the run needs (prefill + 4 x repeats + 64). A graphed step reads the compressed rows below "
-                         "a power-of-two bound of its end (at least 4096), so its cost follows the context used")
+                         "what the run needs (prefill + 4 x repeats + 64). A graphed step reads the compressed rows "
+                         "below a power-of-two bound of its end (at least 4096), so its cost follows the context used")
     ap.add_argument("--verify", type=lambda a: [int(t) for t in a.split(",") if t], default=[2, 3, 4],
                     help="verify step lengths to time after the prompt, comma-separated ('' for none: with --compile "
                          "each length compiles for about a minute at 43 layers)")

@@ -16,9 +16,9 @@ This eager version calls them directly; backends/cuda.py replays the same two ca
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import replace
+
+import torch
 
 from ds4trt.model.attention import indexer_needed
 from ds4trt.model.state import LayerCache

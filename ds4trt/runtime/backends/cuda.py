@@ -511,8 +511,8 @@ class _Captured:
 
 class GraphedSteps(Steps):
     """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer, bound) for `run`, one per
-    (T, last_only, indexer, bound, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on its first
-    call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as fresh tensors
+    (T, last_only, indexer, bound, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on
+    its first call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as fresh tensors
     and the rows as the graph's own outputs: valid until this object's next `run` (commit them before that)."""
 
     def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
