@@ -21,6 +21,9 @@ zeros; the kernels' time does not depend on the values):
   2c. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
       chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py
       forms), and the PyTorch attend it replaces, for comparison (timed eagerly);
+  2c'. prefill attention of a ratio-4 layer once the indexer runs, a block of 256 queries at chunk start 4096,
+      16384 and 65536: attend_top_triton (the window band of raw keys, then each query's 512 top rows by index)
+      against attend_long_triton over the whole compressed cache masked to those rows (timed eagerly);
   2d. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
       a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
   2e. the hyper-connection reduction of a 2048-token prefill chunk (hc_pre_long_triton) and the PyTorch hc_pre
@@ -123,6 +126,10 @@ ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2,
                      (2, 64, 64, 64, 256, 8, 3), (1, 64, 128, 64, 128, 4, 3), (1, 64, 128, 32, 128, 4, 3),
                      (1, 64, 128, 64, 256, 8, 3), (4, 16, 32, 64, 256, 4, 3), (4, 16, 64, 64, 256, 4, 3),
                      (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
+# (HB, BN, DC, DV, warps, stages) of _attend_top; the default is attn_triton.TOP_CONFIG
+ATTEND_TOP_SWEEP = ((64, 64, 32, 256, 8, 3), (64, 64, 32, 128, 4, 3), (64, 64, 64, 128, 4, 3),
+                    (64, 32, 32, 256, 8, 3), (64, 64, 32, 512, 8, 2), (32, 64, 32, 256, 4, 3))
+TOP_STARTS = (4096, 16384, 65536)      # the chunk positions of attend_top's block
 # (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
 INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))
 # (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long; the default is hc_triton.LONG_CONFIG
@@ -467,6 +474,38 @@ def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
                                   config=list(cfg))))
 
 
+def bench_attend_top(bw: float, results: list, sweeps: list | None) -> None:
+    """attend_top_triton and attend_long_triton (the same keys: the whole compressed cache, masked to each query's
+    top rows) on a ratio-4 layer's block of 256 queries at each of TOP_STARTS; eager medians (do_bench)."""
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    H, d, T, W, k = 64, 512, 256, 128, 512
+    for start in TOP_STARTS:
+        n_comp = (start + T) // 4                      # the cache's rows and the block's own, all visible here
+        q = torch.randn(T, H, d, device=DEV, generator=gen)
+        raw = torch.randn(W - 1 + T, d, device=DEV, generator=gen)
+        comp = torch.randn(n_comp, d, device=DEV, generator=gen)
+        sinks = torch.randn(H, device=DEV, generator=gen)
+        i, j = torch.arange(T, device=DEV)[:, None], torch.arange(W - 1 + T, device=DEV)[None, :]
+        raw_mask = (j >= i) & (j < i + W)
+        top = torch.rand(T, n_comp, device=DEV, generator=gen).argsort(dim=1)[:, :k]
+        top_vis = torch.ones(T, k, dtype=torch.bool, device=DEV)
+        comp_mask = torch.zeros(T, n_comp, device=DEV).scatter(1, top, 1.0) > 0
+        keys, mask = torch.cat([raw, comp]), torch.cat([raw_mask, comp_mask], dim=1)
+        nbytes = 2 * q.numel() * 4 + (raw.shape[0] + T * k) * d * 4
+        for name, fn in ((f"attend_top at {start} ({n_comp} rows)",
+                          lambda: A.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks)),
+                         (f"attend_long masked at {start}", lambda: A.attend_long_triton(q, keys, mask, sinks))):
+            guarded(name, results, lambda fn=fn, name=name, start=start: results.append(case(
+                name, T, nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw, kind="attend_top",
+                start=start)))
+        if sweeps is not None:
+            for cfg in ATTEND_TOP_SWEEP:
+                sweeps.append(lambda cfg=cfg, a=(q, raw, raw_mask, comp, top, top_vis, sinks), nb=nbytes, st=start:
+                              results.append(case(f"  sweep config={cfg}", T, nb, do_bench(
+                                  lambda: A.attend_top_triton(*a, config=cfg), warmup=3, rep=50,
+                                  return_mode="median"), bw, kind="sweep_attend_top", start=st, config=list(cfg))))
+
+
 def bench_index_long(bw: float, results: list, sweeps: list | None) -> None:
     """index_score_long_triton and model/attention.py index_score on one prefill block of 256 queries (64 heads of
     128) over 1553 compressed rows; eager medians (do_bench)."""
@@ -595,10 +634,11 @@ def main() -> int:
                                       "these T (default: T = 1..4; the one-pair MoE sweep also runs at 8 and 16 "
                                       "when named here)")
     ap.add_argument("--cases",
-                    default="moe,moe_long,q8,f16,attend,attend_long,index,index_long,hc_long,topk,compress,q4",
+                    default="moe,moe_long,q8,f16,attend,attend_long,attend_top,index,index_long,hc_long,topk,"
+                            "compress,q4",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
-                         "Q8_0 projections' bytes), f16, attend, attend_long (prefill), index, index_long (prefill), "
-                         "hc_long (prefill), topk, compress, q4 (moe)")
+                         "Q8_0 projections' bytes), f16, attend, attend_long (prefill), attend_top (prefill), index, "
+                         "index_long (prefill), hc_long (prefill), topk, compress, q4 (moe)")
     args = ap.parse_args()
     global SWEEP_T
     SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
@@ -629,6 +669,8 @@ def main() -> int:
         bench_attend(bw, l2, results, sweeps)
     if "attend_long" in cases:
         bench_attend_long(bw, results, sweeps)
+    if "attend_top" in cases:
+        bench_attend_top(bw, results, sweeps)
     if "index" in cases:
         bench_index(bw, results, sweeps)
     if "index_long" in cases:

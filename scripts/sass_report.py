@@ -3,15 +3,16 @@
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long [--long-config C ...]]
-                                   [--dump DIR]
+                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
-LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel), and prints registers per thread,
-spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g. one
-256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
+LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel; the prefill attention's two kernels,
+_attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches), and prints registers per
+thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g.
+one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
 barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
 registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
@@ -50,9 +51,12 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
     ap.add_argument("--long-config", nargs="*", type=q8_shape, default=None, metavar="CAP:ROWS:WARPS:STAGES",
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
+    ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
+                    help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
+    from ds4trt.plugins.kernels import attn_triton as A
     from ds4trt.plugins.kernels import moe_triton as M
     from ds4trt.plugins.kernels import q8_triton as Q
     from ds4trt.testing import warmups as W
@@ -89,6 +93,9 @@ def main() -> int:
                                                                               stages))
                 report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
+        report("attend_long", W.attend_long(A.LONG_CONFIG))
+        for config in args.top_config or [A.TOP_CONFIG]:
+            report("attend_top_" + "x".join(map(str, config)), W.attend_top(config))
     for T in args.q8_t:
         for config in args.q8 or [None]:                       # None: q8_matmul's launch (rows_config)
             for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)

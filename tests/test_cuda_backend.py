@@ -392,7 +392,8 @@ def test_rewind_resets_in_place(demo):
 @pytest.mark.parametrize("numerics", ["float", "ds4"])
 def test_tiny_long_prefill_eager_kernels_match_cpu(numerics):
     """A 44-token prompt in one prefill chunk: the experts run in slices of 16 tokens and the Q8_0 projections
-    through the dequantized path (more than 16 rows); with ds4 numerics the indexer's queries are rounded by
+    through the dequantized path (more than 16 rows), the ratio-4 layers attend each query's own top rows
+    (attend_top_kernel: positions 16.. need the indexer); with ds4 numerics the indexer's queries are rounded by
     qat_triton."""
     target, mtp = tiny_files()
     run = lambda engine: greedy(engine, 6, PROMPT * 2, ctx=128, chunk=PREFILL_CHUNK)  # noqa: E731

@@ -721,6 +721,45 @@ def test_attend_long_vs_float64(shape):
         assert float(got[1].abs().max()) == 0.0, f"config {config}: a row that sees no key"
 
 
+# (H, d, T, Kr, Kc, k): Flash at a prefill chunk's 48 queries (their window band and 512 top rows of 3000), a
+# tiny model's 4 heads of 64 with top-3 (fewer heads than tl.dot's 16 rows, a partial block of top rows)
+ATTEND_TOP_SHAPES = [(64, 512, 48, 175, 3000, 512), (4, 64, 37, 90, 50, 3)] if GPU else \
+    [(16, 128, 5, 40, 70, 24), (4, 64, 6, 30, 20, 3)]
+# TOP_CONFIG, and others: half the heads and smaller blocks, one dot over all d and one output block
+ATTEND_TOP_CONFIGS = (None, (32, 32, 32, 64, 4, 2), (8, 16, 128, 512, 4, 1))
+
+
+@pytest.mark.parametrize("shape", ATTEND_TOP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attend_top_vs_float64(shape):
+    """The prefill attention over each query's own top rows against model/attention.py attend in float64 over the
+    raw keys and comp[top[t]]: fresh random queries, keys, sinks, distinct random top rows per query; a window band
+    of raw keys, top rows invisible at random and a whole block of them for every query (skipped), one query seeing
+    no key (its output: 0), one a single top row."""
+    from ds4trt.model.attention import attend
+
+    H, d, T, KR, KC, k = shape
+    g = torch.Generator().manual_seed(_seed("attend_top", *shape))
+    q, raw, comp = torch.randn(T, H, d, generator=g) * 2, torch.randn(KR, d, generator=g), torch.randn(KC, d,
+                                                                                                     generator=g)
+    sinks = torch.randn(H, generator=g)
+    i, j = torch.arange(T)[:, None], torch.arange(KR)[None, :]
+    raw_mask = (j >= i) & (j < i + KR // 3)
+    top = torch.stack([torch.randperm(KC, generator=g)[:k] for _ in range(T)])
+    top_vis = torch.rand(T, k, generator=g) < 0.8
+    top_vis[:, k // 2:k // 2 + 16] = False
+    raw_mask[1], top_vis[1] = False, False
+    raw_mask[-1], top_vis[-1] = False, False
+    top_vis[-1, k - 1] = True
+    want = torch.cat([attend(q[t:t + 1].double(), torch.cat([raw, comp[top[t]]]).double(),
+                             torch.cat([raw_mask[t], top_vis[t]])[None], sinks.double()) for t in range(T)])
+    args = tuple(a.to(DEVICE) for a in (q, raw, raw_mask, comp, top, top_vis, sinks))
+    for config in ATTEND_TOP_CONFIGS:
+        got = attn_triton.attend_top_triton(*args, config=config)
+        assert got.shape == want.shape
+        assert _rel(got, want) <= TOL, f"config {config}: relative error {_rel(got, want):.2e}"
+        assert float(got[1].abs().max()) == 0.0, f"config {config}: a query that sees no key"
+
+
 # (N, K): the router, a ratio-4 compressor, the indexer's query projection and per-head weights at Flash width; odd
 # sizes (a partial row tile, K not a multiple of the K tile)
 F16_SHAPES = [(256, 4096), (1024, 4096), (8192, 1024), (64, 4096), (100, 200)] if GPU else [(64, 256), (37, 100)]
@@ -933,7 +972,8 @@ def test_every_variant_compiles_for_sm90():
         from ds4trt.plugins.kernels import attn_triton as A, f16_triton as F16, index_triton as I, moe_triton as M, \
             q8_triton as Q
         sys.path.insert(0, "scripts")
-        from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, SINGLE_SWEEP
+        from bench_kernels import ATTEND_LONG_SWEEP, ATTEND_SWEEP, ATTEND_TOP_SWEEP, F16_SWEEP, LONG_SWEEP, Q8_SWEEP, \
+            SINGLE_SWEEP
         n = 0
         ONE_PAIR_TS = (1, *(most for most, _ in M.SHORT_CONFIG))     # a call size for each one-pair launch entry
         Q8_LAUNCHES = [*Q.ROWS_CONFIG.items(), *((t, c) for t, _, _, c in Q.SIZE_CONFIG)]  # (T, config) q8_matmul takes
@@ -993,6 +1033,7 @@ def test_every_variant_compiles_for_sm90():
         ok(W.hc_post(4, 4096))
         ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))
+        ok(W.attend_top(A.TOP_CONFIG))
         # the launch shapes scripts/bench_kernels.py sweeps (timing only)
         for br, w, _, pf in SINGLE_SWEEP:
             for t in (16, 10, 12):
@@ -1007,6 +1048,8 @@ def test_every_variant_compiles_for_sm90():
             ok(W.attend_part(1153, ks, ch, w))
         for config in ATTEND_LONG_SWEEP:
             ok(W.attend_long(config))
+        for config in ATTEND_TOP_SWEEP:
+            ok(W.attend_top(config))
         for br, bk in F16_SWEEP:
             for T in (1, 4):
                 ok(W.f16_rows(2624, 4096, T, br, bk))
@@ -1032,6 +1075,7 @@ def test_every_variant_compiles_for_sm90():
             br, w, _, pf = Q.launch_fields(config)
             for splits in (1, 8):
                 assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf)) == 0, ("_q8_rows spills", T, splits)
+        assert spills(W.attend_top(A.TOP_CONFIG)) == 0, "_attend_top spills at TOP_CONFIG"
         print("compiled", n)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

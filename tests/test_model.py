@@ -208,3 +208,40 @@ def test_long_chunks_in_query_blocks_equal_one_block(tiny_gguf, monkeypatch, num
         for name, t in vars(a).items():
             if isinstance(t, torch.Tensor):
                 assert torch.allclose(t, getattr(b, name), rtol=0, atol=1e-12 * max(1.0, t.abs().max().item())), name
+
+
+@pytest.mark.parametrize("query_block", [None, 5])
+def test_attend_top_hook_gets_each_querys_own_keys(tiny_gguf, monkeypatch, query_block):
+    """A backend's attend_top (Attention's hook for steps of more than GATHER_T rows with the indexer), here a float64
+    reference attending each query over its raw keys and its own top rows comp[top[t]], gives the logits of the
+    masked attention over the whole compressed cache: a 40-token chunk after 9 committed tokens (positions 16.. need
+    the indexer), also with queries in blocks of 5 (the chunk's new compressed rows cut to the emitting tokens)."""
+    from ds4trt.model import attention
+
+    if query_block:
+        monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
+    engine = Engine.open(tiny_gguf, numerics="ds4", dtype=torch.float64)
+    tokens = torch.randint(0, engine.cfg.n_vocab, (49,), generator=torch.Generator().manual_seed(5)).tolist()
+    calls = []
+
+    def own_keys(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin):
+        T, k = top.shape
+        assert all(len(set(row.tolist())) == k for row in top), "a query's top rows repeat"
+        calls.append(int(top_vis.sum()))
+        return torch.cat([attention.attend_unrotate(q[t:t + 1], torch.cat([raw, comp[top[t]]]),
+                                                    torch.cat([raw_mask[t], top_vis[t]])[None], sinks, cos[t:t + 1],
+                                                    sin[t:t + 1]) for t in range(T)])
+
+    def chunk_logits():
+        s = engine.session(64)
+        s.prefill(tokens[:9])
+        return s.target_step(tokens[9:])[0]                    # [40, V]
+
+    want = chunk_logits()
+    for m in engine.model.modules():
+        if isinstance(m, attention.Attention):
+            m.attend_top = own_keys
+    got = chunk_logits()
+    n_index_layers = sum(r == 4 for r in engine.cfg.compress_ratios)
+    assert len(calls) == n_index_layers and min(calls) > 0
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max().item())

@@ -207,6 +207,10 @@ class Attention(nn.Module):
         # a backend may set kernels with the signatures of attend_unrotate, index_score, top_rows, head_norm_rope,
         # kv_row and project_group (fewer launches for u_projections)
         self.attend = attend_unrotate
+        # and attend_top (q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks,
+        # cos, sin -> [T, H, d] unrotated): steps of more than GATHER_T rows with the indexer then attend each query's
+        # raw keys and its own top rows comp[top[t]] (visible where top_vis), not the whole of comp masked to them
+        self.attend_top = None
         self.index_score = index_score
         self.top_rows = top_rows
         self.head_norm_rope = head_norm_rope
@@ -235,6 +239,7 @@ class Attention(nn.Module):
         key_pos = torch.cat([prev_pos, pos])
         keys = [raw_keys]
         masks = [(key_pos[None, :] >= 0) & (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] - W)]
+        top_keys = None         # (comp, top, top_vis) for self.attend_top
 
         if self.ratio:
             R = self.ratio
@@ -263,11 +268,17 @@ class Attention(nn.Module):
                 if indexer:
                     index_new = rows.index if T <= QUERY_BLOCK else rows.index[new]
                     top = self._indexer_top(uc[4], qn, cos, sin, cache.index, index_new, comp_vis)      # [T, k]
-                    comp, comp_vis = self._keep_top(top, comp, comp_vis)
-            keys.append(comp)
-            masks.append(comp_vis)
+                    if self.attend_top is not None and T > GATHER_T:
+                        top_keys = (comp, top, torch.gather(comp_vis, 1, top))
+                    else:
+                        comp, comp_vis = self._keep_top(top, comp, comp_vis)
+            if top_keys is None:
+                keys.append(comp)
+                masks.append(comp_vis)
 
-        if T <= QUERY_BLOCK:
+        if top_keys is not None:
+            o = self.attend_top(q, raw_keys, masks[0], *top_keys, self.sinks, cos, sin)            # [T, H, d]
+        elif T <= QUERY_BLOCK:
             # keys [K = W-1+T (+ Kc+T or T*k), d]
             o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), cos, sin)
         else:

@@ -169,6 +169,14 @@ def attend_long(config: tuple[int, ...], H: int = 64, D: int = 512):
                                            BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages, grid=(1,))
 
 
+def attend_top(config: tuple[int, ...], H: int = 64, D: int = 512, k: int = 512):
+    """_attend_top at a TOP_CONFIG-style config (HB, BN, DC, DV, warps, stages) and k top rows; no PDL."""
+    hb, bn, dc, dv, warps, stages = config
+    return attn_triton._attend_top.warmup(F16, F16, F16, F16, U8, F16, F16, I64, U8, F32, F32, 0.04, 2175, H=H, D=D,
+                                          NT=k, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
+                                          num_stages=stages, grid=(1,))
+
+
 def hc_dots(S: int, D: int):
     H = hc_triton
     return H._hc_dots.warmup(F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,

@@ -35,6 +35,16 @@ sink added at the end. Both products run on the float16 tensor cores as three pr
 as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at most tile shapes,
 BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
 loop); each program accumulates DV of the d output dims, so the logits are recomputed d/DV times.
+
+    attend_top_triton(q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks)
+        -> o [T, H, d], any T (prefill chunks of the ratio-4 layers once the indexer runs: the masked attend_long
+        reads every compressed row some query of its block keeps, nearly all of a long cache's; ~18 us of prefill
+        per position of a 2048-token chunk's start, BENCHMARKS.md, the thirty-fifth session)
+
+One query per program with all HB heads of it (its tile rows): the raw keys in blocks of BN as in _attend_long
+(blocks outside the query's window skipped), then the query's own k top rows gathered by index, in blocks of BN:
+the work per query is the window and k rows whatever the cache's length. The block folding and the final join with
+the sinks are _attend_long's (_fold_keys, _store_with_sink).
 """
 
 from __future__ import annotations
@@ -56,6 +66,10 @@ DB = 128         # output dims per program of _attend_join
 # (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_long
 LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
 # at (1, 64, 32, 64, 256, 4, 3) for a ratio-4 / window / ratio-128 block of 256 queries (BENCHMARKS.md)
+# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_top: a shape
+# without register spills at Flash width that keeps 8 warps (scripts/sass_report.py --long --top-config;
+# DV = 256 spills at 8 warps); bench_kernels sweeps others
+TOP_CONFIG = (64, 64, 32, 128, 8, 3)
 
 
 @triton.jit
@@ -160,6 +174,48 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
 
 
 @triton.jit
+def _fold_keys(qh_ptr, ql_ptr, qrow, rm, kh_ptr, kl_ptr, krow, km, vis, dv, mx, total, acc, scale, D: tl.constexpr,
+               DC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+    """One block of BN keys (rows krow [BN] of kh + kl, km [BN] in range, vis [M or 1, BN] visible) folded into the
+    online softmax (mx, total [M], acc [M, DV]) of the M query rows qrow [M] (rm [M] in range) -> (mx, total, acc)."""
+    dc = tl.arange(0, DC)
+    sc = tl.zeros([M, BN], tl.float32)
+    for c in range(0, D, DC):
+        qh = tl.load(qh_ptr + qrow[:, None] + c + dc[None, :], mask=rm[:, None], other=0.0)                  # [M, DC]
+        ql = tl.load(ql_ptr + qrow[:, None] + c + dc[None, :], mask=rm[:, None], other=0.0)
+        kh = tl.trans(tl.load(kh_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))       # [DC, BN]
+        kl = tl.trans(tl.load(kl_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
+        sc = tl.dot(qh, kh, sc)                                                                             # [M, BN]
+        sc = tl.dot(ql, kh, sc)
+        sc = tl.dot(qh, kl, sc)
+    sc = tl.where(vis, sc * scale, float("-inf"))
+    top = tl.maximum(mx, tl.max(sc, axis=1))
+    base = tl.where(top == float("-inf"), 0.0, top)          # no key seen yet: 0 (never -inf - -inf)
+    p = tl.exp(sc - base[:, None])
+    carry = tl.exp(mx - base)
+    total = total * carry + tl.sum(p, axis=1)
+    ph = p.to(tl.float16)
+    pl = (p - ph.to(tl.float32)).to(tl.float16)
+    vh = tl.load(kh_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)                        # [BN, DV]
+    vl = tl.load(kl_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)
+    acc = acc * carry[:, None]
+    acc = tl.dot(ph, vh, acc)
+    acc = tl.dot(pl, vh, acc)
+    acc = tl.dot(ph, vl, acc)
+    return top, total, acc
+
+
+@triton.jit
+def _store_with_sink(o_ptr, s_ptr, h, qrow, rm, dv, mx, total, acc):
+    """The softmax joined with each row's head sink (h [M]): o[qrow, dv] = acc / (total + exp(sink)), rescaled."""
+    sink = tl.load(s_ptr + h, mask=rm, other=0.0)
+    top = tl.maximum(mx, sink)
+    w = tl.exp(mx - top)
+    o = acc * (w / (total * w + tl.exp(sink - top)))[:, None]
+    tl.store(o_ptr + qrow[:, None] + dv[None, :], o, mask=rm[:, None])
+
+
+@triton.jit
 def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, K, H: tl.constexpr, D: tl.constexpr,
                  BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
     """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
@@ -170,7 +226,6 @@ def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, 
     tm = t < T
     qrow = (t * H + h).to(tl.int64) * D                                                    # [M]
     dv = tl.program_id(2) * DV + tl.arange(0, DV)
-    dc = tl.arange(0, DC)
     mx = tl.full([BT * HB], float("-inf"), tl.float32)
     total = tl.zeros([BT * HB], tl.float32)
     acc = tl.zeros([BT * HB, DV], tl.float32)
@@ -180,37 +235,10 @@ def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, 
         km = kk < K
         vis = tl.load(m_ptr + t.to(tl.int64)[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0) != 0
         if tl.max(tl.max(vis.to(tl.int32), axis=1), axis=0) > 0:      # a block none of the rows sees: skipped
-            krow = kk.to(tl.int64) * D
-            sc = tl.zeros([BT * HB, BN], tl.float32)
-            for c in range(0, D, DC):
-                qh = tl.load(qh_ptr + qrow[:, None] + c + dc[None, :], mask=tm[:, None], other=0.0)      # [M, DC]
-                ql = tl.load(ql_ptr + qrow[:, None] + c + dc[None, :], mask=tm[:, None], other=0.0)
-                kh = tl.trans(tl.load(kh_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
-                kl = tl.trans(tl.load(kl_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
-                sc = tl.dot(qh, kh, sc)                                                                 # [M, BN]
-                sc = tl.dot(ql, kh, sc)
-                sc = tl.dot(qh, kl, sc)
-            sc = tl.where(vis, sc * scale, float("-inf"))
-            top = tl.maximum(mx, tl.max(sc, axis=1))
-            base = tl.where(top == float("-inf"), 0.0, top)          # no key seen yet: 0 (never -inf - -inf)
-            p = tl.exp(sc - base[:, None])
-            carry = tl.exp(mx - base)
-            total = total * carry + tl.sum(p, axis=1)
-            ph = p.to(tl.float16)
-            pl = (p - ph.to(tl.float32)).to(tl.float16)
-            vh = tl.load(kh_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)                # [BN, DV]
-            vl = tl.load(kl_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)
-            acc = acc * carry[:, None]
-            acc = tl.dot(ph, vh, acc)
-            acc = tl.dot(pl, vh, acc)
-            acc = tl.dot(ph, vl, acc)
-            mx = top
+            mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, tm, kh_ptr, kl_ptr, kk.to(tl.int64) * D, km, vis, dv,
+                                        mx, total, acc, scale, D, DC, BT * HB, BN)
         kb += BN
-    sink = tl.load(s_ptr + h)
-    top = tl.maximum(mx, sink)
-    w = tl.exp(mx - top)
-    o = acc * (w / (total * w + tl.exp(sink - top)))[:, None]
-    tl.store(o_ptr + qrow[:, None] + dv[None, :], o, mask=tm[:, None])
+    _store_with_sink(o_ptr, s_ptr, h, qrow, tm, dv, mx, total, acc)
 
 
 def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
@@ -235,4 +263,74 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     _attend_long[grid](*split_parts(q.contiguous(), torch.float16), *split_parts(k.contiguous(), torch.float16),
                        mask.contiguous().view(torch.uint8), sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D,
                        BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages)
+    return o
+
+
+@triton.jit
+def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, tv_ptr, s_ptr, o_ptr, scale, KR,
+                H: tl.constexpr, D: tl.constexpr, NT: tl.constexpr, HB: tl.constexpr, M: tl.constexpr,
+                BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
+    """Program (t, j, v): query t, heads j*HB.. (rows of the tiles past HB are padding for tl.dot's 16), output dims
+    v*DV..: the raw keys rh + rl [KR, d] in blocks of BN (those the query's mask row does not see skipped), then
+    its own NT top compressed rows, gathered from ch + cl by index (those top_vis marks invisible left out)."""
+    t = tl.program_id(0)
+    r = tl.arange(0, M)
+    h = tl.program_id(1) * HB + r
+    rm = r < HB
+    qrow = (t * H + h).to(tl.int64) * D                                                    # [M]
+    dv = tl.program_id(2) * DV + tl.arange(0, DV)
+    mx = tl.full([M], float("-inf"), tl.float32)
+    total = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, DV], tl.float32)
+    kb = 0
+    while kb < KR:
+        kk = kb + tl.arange(0, BN)
+        km = kk < KR
+        vis = tl.load(m_ptr + t.to(tl.int64) * KR + kk, mask=km, other=0) != 0                # [BN]
+        if tl.max(vis.to(tl.int32), axis=0) > 0:
+            mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, rm, rh_ptr, rl_ptr, kk.to(tl.int64) * D, km,
+                                        vis[None, :], dv, mx, total, acc, scale, D, DC, M, BN)
+        kb += BN
+    for jb in range(0, NT, BN):
+        jj = jb + tl.arange(0, BN)
+        jm = jj < NT
+        vis = tl.load(tv_ptr + t * NT + jj, mask=jm, other=0) != 0                             # [BN]
+        if tl.max(vis.to(tl.int32), axis=0) > 0:
+            row = tl.load(top_ptr + t * NT + jj, mask=jm & vis, other=0)                       # [BN] int64
+            mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, rm, ch_ptr, cl_ptr, row * D, jm & vis, vis[None, :],
+                                        dv, mx, total, acc, scale, D, DC, M, BN)
+    _store_with_sink(o_ptr, s_ptr, h, qrow, rm, dv, mx, total, acc)
+
+
+def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor, comp: torch.Tensor,
+                      top: torch.Tensor, top_vis: torch.Tensor, sinks: torch.Tensor,
+                      config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """model/attention.py attend for float32 q [T, H, d] (any T; d a power of two, at least 16) over each query's
+    raw keys (raw [Kr, d], bool raw_mask [T, Kr]) and its own top compressed rows comp[top[t]] (comp [Kc, d],
+    top [T, k] int64, bool top_vis [T, k]: which of them it sees; the rows of top[t] distinct), all within float16's
+    range -> o [T, H, d]. What the masked attention over the raw keys and the whole of comp gives with comp's mask
+    restricted to each query's top rows (Attention._keep_top), without reading the rows no query keeps.
+    config: TOP_CONFIG's fields, overriding it (sweeps); HB, DC and DV are capped at H and d."""
+    T, H, D = q.shape
+    KR, KC, NT = raw.shape[0], comp.shape[0], top.shape[1]
+    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or raw.dtype != torch.float32 \
+            or comp.dtype != torch.float32 or raw.shape != (KR, D) or comp.shape != (KC, D) \
+            or raw_mask.shape != (T, KR) or raw_mask.dtype != torch.bool or top.shape != (T, NT) \
+            or top.dtype != torch.int64 or top_vis.shape != (T, NT) or top_vis.dtype != torch.bool \
+            or sinks.shape != (H,):
+        raise ValueError(f"attend_top_triton: expected float32 q [T, H, d] (d a power of two, at least 16), raw "
+                         f"[Kr, d], comp [Kc, d], bool raw_mask [T, Kr], int64 top and bool top_vis [T, k], sinks "
+                         f"[H], got q {q.dtype} {list(q.shape)}, raw {raw.dtype} {list(raw.shape)}, comp {comp.dtype} "
+                         f"{list(comp.shape)}, raw_mask {raw_mask.dtype} {list(raw_mask.shape)}, top {top.dtype} "
+                         f"{list(top.shape)}, top_vis {top_vis.dtype} {list(top_vis.shape)}, sinks {list(sinks.shape)}")
+    hb, bn, dc, dv, warps, stages = config or TOP_CONFIG
+    hb = math.gcd(hb, H)
+    dc, dv = min(dc, D), min(dv, D)
+    o = torch.empty_like(q)
+    grid = (T, H // hb, D // dv)
+    _attend_top[grid](*split_parts(q.contiguous(), torch.float16), *split_parts(raw.contiguous(), torch.float16),
+                      raw_mask.contiguous().view(torch.uint8), *split_parts(comp.contiguous(), torch.float16),
+                      top.contiguous(), top_vis.contiguous().view(torch.uint8), sinks.float().contiguous(), o,
+                      D ** -0.5, KR, H=H, D=D, NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
+                      num_stages=stages)
     return o

@@ -16,7 +16,8 @@ two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attentio
 two (attn_triton), the indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each
 (rows_triton); in every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries
 (qat_triton, bitwise PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
-too (attend_long_triton, index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
+too (attend_long_triton, or attend_top_triton over each query's own top rows once the indexer runs,
+index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
 
 Graphs: GraphedSteps captures `run` for each (T, last_only, indexer, bound) with T <= MAX_GRAPH_T (decode, verify of
@@ -150,6 +151,12 @@ def attend_kernel(q, k, mask, sinks, cos, sin):
     if q.shape[0] <= attn_triton.MAX_T:
         return attend_op(q, k, mask, sinks, cos, sin)
     return unrotate(attn_triton.attend_long_triton(q, k, mask, sinks), cos, sin)
+
+
+def attend_top_kernel(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin):
+    """model/attention.py's attend_top hook on this backend (prefill chunks of the indexer's layers): one kernel
+    reading each query's window and own top rows, then PyTorch's rotation."""
+    return unrotate(attn_triton.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks), cos, sin)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
@@ -474,10 +481,10 @@ def to_device(model: nn.Module, device) -> nn.Module:
     choice and the cache rows of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel,
     top_rows_kernel, route_kernel, kv_row_kernel, emit_rows_kernel), and so do every step's query norm and RoPE and
     indexer query rounding (head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
-    stream update (attend_kernel, index_score_kernel, hc_combine); the projections of one input become one launch per
-    weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the shared expert's gate +
-    up), and in one-token steps the shared expert's down product joins the routed experts' down launch
-    (ExpertsAndShared)."""
+    stream update (attend_kernel, attend_top_kernel, index_score_kernel, hc_combine); the projections of one input
+    become one launch per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the
+    shared expert's gate + up), and in one-token steps the shared expert's down product joins the routed experts'
+    down launch (ExpertsAndShared)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
@@ -485,6 +492,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.combine = hc_combine
         if isinstance(m, Attention):
             m.attend = attend_kernel
+            m.attend_top = attend_top_kernel
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
             m.head_norm_rope = head_norm_rope_kernel
