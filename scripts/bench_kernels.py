@@ -127,8 +127,8 @@ ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2,
                      (1, 64, 128, 64, 256, 8, 3), (4, 16, 32, 64, 256, 4, 3), (4, 16, 64, 64, 256, 4, 3),
                      (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
 # (HB, BN, DC, DV, warps, stages) of _attend_top; the default is attn_triton.TOP_CONFIG
-ATTEND_TOP_SWEEP = ((64, 64, 32, 256, 8, 3), (64, 64, 32, 128, 4, 3), (64, 64, 64, 128, 4, 3),
-                    (64, 32, 32, 256, 8, 3), (64, 64, 32, 512, 8, 2), (32, 64, 32, 256, 4, 3))
+ATTEND_TOP_SWEEP = ((64, 64, 32, 256, 8, 3), (64, 64, 32, 128, 4, 3), (64, 64, 64, 128, 4, 4),
+                    (64, 64, 64, 64, 4, 3), (64, 64, 64, 128, 4, 2), (32, 64, 64, 128, 4, 3))
 TOP_STARTS = (4096, 16384, 65536)      # the chunk positions of attend_top's block
 # (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
 INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))
@@ -497,13 +497,15 @@ def bench_attend_top(bw: float, results: list, sweeps: list | None) -> None:
                          (f"attend_long masked at {start}", lambda: A.attend_long_triton(q, keys, mask, sinks))):
             guarded(name, results, lambda fn=fn, name=name, start=start: results.append(case(
                 name, T, nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw, kind="attend_top",
-                start=start)))
+                keys=n_comp, start=start)))
         if sweeps is not None:
             for cfg in ATTEND_TOP_SWEEP:
-                sweeps.append(lambda cfg=cfg, a=(q, raw, raw_mask, comp, top, top_vis, sinks), nb=nbytes, st=start:
+                sweeps.append(lambda cfg=cfg, a=(q, raw, raw_mask, comp, top, top_vis, sinks), nb=nbytes, st=start,
+                              nc=n_comp:
                               results.append(case(f"  sweep config={cfg}", T, nb, do_bench(
                                   lambda: A.attend_top_triton(*a, config=cfg), warmup=3, rep=50,
-                                  return_mode="median"), bw, kind="sweep_attend_top", start=st, config=list(cfg))))
+                                  return_mode="median"), bw, kind="sweep_attend_top", keys=nc, start=st,
+                                  config=list(cfg))))
 
 
 def bench_index_long(bw: float, results: list, sweeps: list | None) -> None:

@@ -66,10 +66,10 @@ DB = 128         # output dims per program of _attend_join
 # (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_long
 LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
 # at (1, 64, 32, 64, 256, 4, 3) for a ratio-4 / window / ratio-128 block of 256 queries (BENCHMARKS.md)
-# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_top: a shape
-# without register spills at Flash width that keeps 8 warps (scripts/sass_report.py --long --top-config;
-# DV = 256 spills at 8 warps); bench_kernels sweeps others
-TOP_CONFIG = (64, 64, 32, 128, 8, 3)
+# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_top: the fastest
+# of bench_kernels' first sweep on the H200 (a 256-query block at 4096 / 16384 / 65536: 476 / 505 / 632 us; at 8
+# warps 1.1-3.4 ms), without register spills at Flash width (scripts/sass_report.py --long --top-config)
+TOP_CONFIG = (64, 64, 64, 128, 4, 3)
 
 
 @triton.jit
