@@ -10,6 +10,7 @@ contains `ffn.experts`), so shares do not add up to 100 %; what a part leaves to
   block                      one layer;  hc.reduce / hc.combine  the hyper-connections' reduction / update
   attn[rR]                   the attention of a layer of compress ratio R (0: window only)
   attn.group / q_b / out_a / out_b / index_q_b     the projections; attn.attend[rR] the attention products
+                             (attn.attend_top[r4]: those of a ratio-4 layer's chunk with the indexer)
   attn.head_norm_rope        the queries' per-head norm and RoPE
   attn._indexer_top, attn.index_score, attn.top_rows, attn.compressor.emit, attn.index_compressor.emit
   ffn, ffn.experts (routed MoE), ffn.route, ffn.gate_inp, ffn.group (shared gate + up), ffn.sh_down, head
@@ -70,6 +71,8 @@ class Timer:
                 a.compressor.emit = w("attn.compressor.emit", a.compressor.emit)
             if cfg.ratio(i) == 4:
                 a._indexer_top = w("attn._indexer_top", a._indexer_top)
+                if a.attend_top is not None:
+                    a.attend_top = w(f"attn.attend_top[{kind}]", a.attend_top)
                 a.index_compressor.emit = w("attn.index_compressor.emit", a.index_compressor.emit)
                 modules["attn.index_q_b"] = a.index_q_b
             for name, m in modules.items():
