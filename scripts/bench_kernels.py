@@ -80,9 +80,14 @@ D, F, E, K_SLOTS, N_LAYER, N_VOCAB = 4096, 2048, 256, 6, 43, 129280
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
 MIXES = {"q2": (IQ2_XXS, IQ2_XXS, Q2_K), "q4": (Q4_K, Q4_K, Q4_K)}
 TS = (1, 2, 3, 4, 8, 16)
-# (CAP, rows per program, warps, stages) of the multi-pair kernels in long (prefill) calls, swept while the budget lasts
-LONG_SWEEP = ((32, 128, 8, 1), (64, 128, 8, 1), (16, 128, 8, 1), (32, 256, 16, 1), (32, 128, 8, 2), (64, 64, 8, 1),
-              (32, 64, 8, 1), (128, 128, 8, 1))
+# (CAP, rows per program, warps, stages, activation parts) of the multi-pair kernels in long (prefill) calls, swept
+# while the budget lasts
+LONG_SWEEP = ((32, 64, 4, 1, 1), (32, 64, 4, 1, 2), (64, 64, 4, 1, 1), (64, 64, 4, 1, 2), (32, 64, 4, 2, 1),
+              (16, 64, 4, 1, 1), (32, 32, 4, 1, 1), (32, 64, 2, 1, 1), (32, 128, 4, 1, 1), (64, 128, 8, 1, 1),
+              (32, 128, 8, 1, 1), (32, 64, 8, 1, 1), (64, 32, 4, 1, 1))
+# the same for calls with a Q4_K matrix, which keep both activation parts (moe_triton.LONG_CONFIGS_Q4)
+LONG_SWEEP_Q4 = ((32, 128, 8, 1, 2), (64, 128, 8, 1, 2), (32, 64, 4, 1, 2), (64, 64, 4, 1, 2), (32, 64, 8, 1, 2),
+                 (64, 64, 8, 1, 2), (16, 128, 8, 1, 2), (32, 128, 4, 1, 2), (32, 32, 4, 1, 2))
 # (rows per program, warps, register cap, prefetch) of the one-pair MoE kernels at T = 1, each block type in turn
 SINGLE_SWEEP = ((16, 2, None, False), (32, 2, None, False), (8, 2, None, False), (16, 1, None, False),
                 (32, 4, None, False), (64, 4, None, False), (8, 4, None, False), (16, 4, None, False),
@@ -288,7 +293,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
         nbytes = len(torch.unique(ids)) * expert_bytes(types) + 2 * T * D * 4 + T * K_SLOTS * 12
         v, ids, w = (x.to(DEV) for x in (v, ids, w))
 
-        default = M.long_launch(T * K_SLOTS, E)
+        default = M.long_launch(torch.bincount(ids.flatten(), minlength=E).tolist(), types)
 
         def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=default, label="", routing=routing):
             ms = do_bench(lambda: M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=cfg), warmup=3, rep=200,
@@ -301,7 +306,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
         if T >= 512:
             runs.append((T, default, run))
-    for cfg in LONG_SWEEP if sweeps is not None else ():       # config by config, the longest calls first
+    for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first
         for T, default, run in sorted(runs, key=lambda r: -r[0]):
             if cfg != default:
                 sweeps.append(lambda cfg=cfg, run=run: run(cfg=cfg, label=f" sweep long_config={cfg}"))
@@ -637,10 +642,10 @@ def main() -> int:
                                       "when named here)")
     ap.add_argument("--cases",
                     default="moe,moe_long,q8,f16,attend,attend_long,attend_top,index,index_long,hc_long,topk,"
-                            "compress,q4",
+                            "compress,q4,q4_long",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), attend_top (prefill), index, "
-                         "index_long (prefill), hc_long (prefill), topk, compress, q4 (moe)")
+                         "index_long (prefill), hc_long (prefill), topk, compress, q4 (moe), q4_long (q4 prefill)")
     args = ap.parse_args()
     global SWEEP_T
     SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
@@ -685,6 +690,8 @@ def main() -> int:
         bench_compress(bw, results)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
+    if "q4_long" in cases:
+        bench_moe_long("q4", bw, results, sweeps)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
         if time.time() > START + args.budget - 6:
             log(f"budget reached: {len(sweeps) - i} sweep cases not run")

@@ -60,19 +60,22 @@ def moe_down_single(down: int, D: int, F: int, br: int, warps: int, prefetch: bo
         **LAUNCH, **_reg(maxnreg))
 
 
-def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
+def moe_gateup_multi(gate: int, up: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int,
+                     parts: int = 2):
     (gbs, gns, gl), (ubs, uns, ul) = M.LAYOUT[gate], M.LAYOUT[up]
     return M._moe_gateup_multi.warmup(
         *SPLIT, I64, F32, I32, I32, I32, U8, U8, F32, I32, 6, F, _expert_bytes(gate, F, D), _expert_bytes(up, F, D),
         10.0, NSB=D // 256, GT=gate, GBS=gbs, GNS=gns, GL=gl, UT=up, UBS=ubs, UNS=uns, UL=ul, BR=br, CAP=cap,
-        COMPACT=compact, GATE_THEN_UP=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+        COMPACT=compact, GATE_THEN_UP=compact, LO=parts == 2, num_warps=warps, num_stages=stages, **LAUNCH)
 
 
-def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int):
+def moe_down_multi(down: int, D: int, F: int, cap: int, br: int, warps: int, compact: bool, stages: int,
+                   parts: int = 2):
     dbs, dns, dl = M.LAYOUT[down]
     return M._moe_down_multi.warmup(
         *SPLIT, I64, I32, I32, I32, U8, F32, I32, D, _expert_bytes(down, D, F), NSB=F // 256, DT=down, DBS=dbs,
-        DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, num_warps=warps, num_stages=stages, **LAUNCH)
+        DNS=dns, DL=dl, BR=br, CAP=cap, COMPACT=compact, LO=parts == 2, num_warps=warps, num_stages=stages,
+        **LAUNCH)
 
 
 def dequant_rows(t: int):

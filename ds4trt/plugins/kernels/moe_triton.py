@@ -130,15 +130,25 @@ SHARED_BR = 16
 # routing (a few experts shared by 2 of the 5 tokens): 24.4 ms, against 28.4 with multi-pair items for every shared one.
 MULTI_MIN = 5
 # Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's
-# blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages) by the call's mean pairs per
-# expert (long_launch), swept by scripts/bench_kernels.py. On the H200 (BENCHMARKS.md, q2 layer, uniform random
-# routing) 128-row tiles halve the reloads of an item's activations per weight row and the gate/up kernel runs gate,
-# then up (GATE_THEN_UP: fewer spills): T = 512 / 1024 / 2048 from 12.6 / 13.5 / 15.9 ms at (64, 64, 8, 1) to
-# 6.3 / 7.2 at (32, 128, 8, 1) and 11.9 at (64, 128, 8, 1); items of 32 pairs while the mean is at most 32.
+# blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages, activation parts) by CAP, the one
+# whose items cost least (long_launch), swept by scripts/bench_kernels.py. Parts: 2 splits each activation in two
+# float16 terms (hi + lo, exact to ~1e-6 like the short calls' kernels), 1 keeps hi alone (each value to 2^-11 of its
+# magnitude; the Q2_K / Q4_K min terms keep both). Normwise against float64, a 300-token call at Flash width: q2 mix
+# 5.0e-4 with one part (within the issue's 1e-3 for float16 inputs; ds4's own kernels quantize the activations to
+# int8), 2.6e-6 with two; all-Q4_K 1.2e-3 with one, 4.9e-6 with two, so a call with a Q4_K matrix keeps two parts
+# and the former shapes (LONG_CONFIGS_Q4; its shapes not re-swept). The loops are latency-bound
+# (one 8-warp program per SM at 255 registers: 12.5 % occupancy, 0.3 instructions issued per scheduler cycle, ncu),
+# so a one-part product with 64-row tiles of 4 warps (two programs per SM) pays most. H200, q2 layer (BENCHMARKS.md,
+# thirty-seventh session), ms at T = 512 / 1024 / 2048 random, 2048 skewed: (32, 128, 8, 1, 2) / (64, 128, 8, 1, 2)
+# before 6.24 / 6.93 / 11.55 / 14.21; (32, 64, 4, 1, 1) 4.90 / 5.67 / 10.17 / 9.85, (64, 64, 4, 1, 1) 7.93 / 8.48 /
+# 9.57 / 11.71; two parts at those shapes 6.6-16 ms, 2 pipeline stages or 2 / 8 warps or 32 / 128 rows slower.
+# An item costs about the same at any fill: ~20 us at CAP 32, ~35 at 64 (LONG_ITEM_COST, relative).
 # Measured and dropped (thirty-second session): each block's product in 2-8 smaller tensor-core products with the
 # activations loaded after the weights' decode (fewer spills, 9-35 % slower: they must load during it), and an L2
 # prefetch of each row's next block (within +-3 %).
-LONG_CONFIGS = {32: (32, 128, 8, 1), 64: (64, 128, 8, 1)}
+LONG_CONFIGS = {32: (32, 64, 4, 1, 1), 64: (64, 64, 4, 1, 1)}
+LONG_CONFIGS_Q4 = {32: (32, 128, 8, 1, 2), 64: (64, 128, 8, 1, 2)}
+LONG_ITEM_COST = {32: 1.0, 64: 1.75}
 
 
 def one_pair_config(T: int) -> dict[int, tuple]:
@@ -148,9 +158,12 @@ def one_pair_config(T: int) -> dict[int, tuple]:
     return {**SINGLE_CONFIG, **short}
 
 
-def long_launch(pairs: int, experts: int) -> tuple[int, int, int, int]:
-    """(CAP, rows, warps, stages) of a long call of `pairs` (token, slot) pairs over `experts` experts."""
-    return LONG_CONFIGS[32 if pairs <= 32 * experts else 64]
+def long_launch(counts: list[int], types: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """(CAP, rows, warps, stages, activation parts) of a long call of gate / up / down `types` whose experts have
+    counts[e] (token, slot) pairs: the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K matrix) whose multi-pair items
+    (ceil(n / CAP) per expert of n >= 2 pairs) cost least."""
+    cost = {cap: LONG_ITEM_COST[cap] * sum(-(-n // cap) for n in counts if n >= 2) for cap in LONG_CONFIGS}
+    return (LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS)[min(cost, key=cost.get)]
 
 
 @functools.cache
@@ -729,17 +742,21 @@ def _runs(row0, expert_off, row_bytes, BR: tl.constexpr, NS: tl.constexpr):
 
 @triton.jit
 def _mma_block(acc, ptr, base, c, rbase, hi, lo, shi, slo, inv, dp_ptr,
-               TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr):
+               TYPE: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, BR: tl.constexpr, LO: tl.constexpr = True):
     """acc [BR, C] += dequantized block rows [BR,256] @ x [256, C] on the tensor cores (see the module notes).
     base, c: the run tile of the blocks (see _block_parts); rbase [BR]: byte offset of each row's block.
     hi, lo: the split activations [256, C]; shi, slo: their sums over 16-value runs, split [16, C].
-    dp_ptr: _iq2_dp_block's selector table (IQ2_XXS)."""
+    dp_ptr: _iq2_dp_block's selector table (IQ2_XXS). LO False: the block product on the activations' hi
+    parts alone (lo unused); the min term keeps both parts (it can be large beside the result it is subtracted from).
+    """
     if TYPE == 16:
         a = tl.reshape(_iq2_mma_runs(ptr, base, c, dp_ptr), (BR, NS * L))   # exact integers, |a| < 2048
     else:
         a, m = _kq_mma_runs(ptr, base, c, TYPE, L)
         a = tl.reshape(a, (BR, NS * L))                                      # exact integers, |a| < 2048
-    r = tl.dot(a, hi) + tl.dot(a, lo)
+    r = tl.dot(a, hi)
+    if LO:
+        r += tl.dot(a, lo)
     if TYPE == 10:
         d = _ld_f16(ptr, rbase + 80)
         dmin = _ld_f16(ptr, rbase + 82)
@@ -901,17 +918,18 @@ def _split_runs(x_ptr, hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, NC, CB: tl.con
 
 
 @triton.jit
-def _load_split(hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, rows, pm, sb, K: tl.constexpr, CAP: tl.constexpr):
+def _load_split(hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, rows, pm, sb, K: tl.constexpr, CAP: tl.constexpr,
+                LO: tl.constexpr = True):
     """Block sb's 256 activations of each of CAP pair slots as split_runs stored them: rows [CAP] int64 (the
     slots' rows of the split arrays, K values each), pm [CAP] the live slots -> hi, lo [256, CAP] f16, shi, slo
-    [16, CAP] f16, inv [CAP] (dead slots: zeros, never stored)."""
+    [16, CAP] f16, inv [CAP] (dead slots: zeros, never stored). LO False: lo not loaded (hi returned in its place)."""
     kk = tl.arange(0, 256)[:, None]
     off = rows[None, :] * K + sb * 256 + kk
     hi = tl.load(hi_ptr + off, mask=pm[None, :], other=0.0)
-    lo = tl.load(lo_ptr + off, mask=pm[None, :], other=0.0)
     soff = rows[None, :] * (K // 16) + sb * 16 + tl.arange(0, 16)[:, None]
     shi = tl.load(shi_ptr + soff, mask=pm[None, :], other=0.0)
     slo = tl.load(slo_ptr + soff, mask=pm[None, :], other=0.0)
+    lo = tl.load(lo_ptr + off, mask=pm[None, :], other=0.0) if LO else hi
     inv = tl.load(inv_ptr + rows * (K // 256) + sb, mask=pm, other=0.0)
     return hi, lo, shi, slo, inv
 
@@ -942,7 +960,7 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
                       GT: tl.constexpr, GBS: tl.constexpr, GNS: tl.constexpr, GL: tl.constexpr,
                       UT: tl.constexpr, UBS: tl.constexpr, UNS: tl.constexpr, UL: tl.constexpr,
                       BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr, GATE_THEN_UP: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, LO: tl.constexpr = True):
     """Items of 2..CAP pairs of one expert: one read of its gate/up rows serves all of them (tensor cores).
     x*_ptr: the activations as split_runs stores them (a row per token). GATE_THEN_UP: one loop over the blocks
     for gate, then one for up (long calls: each matrix's tiles live alone, fewer spills), else one loop for both
@@ -962,18 +980,19 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
         accg = tl.zeros([BR, CAP], tl.float32)
         accu = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP)
+            hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D, CAP,
+                                                LO)
             accg = _mma_block(accg, gate_ptr, gbase + sb * GBS, gc, grow + sb * GBS, hi, lo, shi, slo, inv,
-                              dp_ptr, GT, GNS, GL, BR)
+                              dp_ptr, GT, GNS, GL, BR, LO)
             if not GATE_THEN_UP:
                 accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
-                                  dp_ptr, UT, UNS, UL, BR)
+                                  dp_ptr, UT, UNS, UL, BR, LO)
         if GATE_THEN_UP:
             for sb in range(0, NSB):
                 hi, lo, shi, slo, inv = _load_split(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, tokens, pm, sb, D,
-                                                    CAP)
+                                                    CAP, LO)
                 accu = _mma_block(accu, up_ptr, ubase + sb * UBS, uc, urow + sb * UBS, hi, lo, shi, slo, inv,
-                                  dp_ptr, UT, UNS, UL, BR)
+                                  dp_ptr, UT, UNS, UL, BR, LO)
         w = tl.load(wts_ptr + pairs, mask=pm, other=0.0)
         h = w[None, :] * _swiglu(accg, accu, clamp)
         tl.store(h_ptr + pairs.to(tl.int64)[None, :] * F + rows[:, None], h, mask=pm[None, :])
@@ -983,7 +1002,7 @@ def _moe_gateup_multi(xh_ptr, xl_ptr, xsh_ptr, xsl_ptr, xinv_ptr, ids_ptr, wts_p
 def _moe_down_multi(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr,
                     y_ptr, dp_ptr, D, down_expert_bytes, NSB: tl.constexpr, DT: tl.constexpr, DBS: tl.constexpr,
                     DNS: tl.constexpr, DL: tl.constexpr, BR: tl.constexpr, CAP: tl.constexpr, COMPACT: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, LO: tl.constexpr = True):
     """Items of 2..CAP pairs of one expert: y[pair, rows] = down_e h[pair] (tensor cores). h*_ptr: h as split_runs
     stores it (a row per pair)."""
     pdl_enter(PDL)
@@ -998,9 +1017,9 @@ def _moe_down_multi(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, ids_ptr, order_p
         rbase = e * down_expert_bytes + rows.to(tl.int64) * (NSB * DBS)
         acc = tl.zeros([BR, CAP], tl.float32)
         for sb in range(0, NSB):
-            hi, lo, shi, slo, inv = _load_split(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, prow, pm, sb, F, CAP)
+            hi, lo, shi, slo, inv = _load_split(hh_ptr, hl_ptr, hsh_ptr, hsl_ptr, hinv_ptr, prow, pm, sb, F, CAP, LO)
             acc = _mma_block(acc, down_ptr, base + sb * DBS, c, rbase + sb * DBS, hi, lo, shi, slo, inv,
-                             dp_ptr, DT, DNS, DL, BR)
+                             dp_ptr, DT, DNS, DL, BR, LO)
         tl.store(y_ptr + pairs.to(tl.int64)[None, :] * D + rows[:, None], acc, mask=pm[None, :])
 
 
@@ -1088,15 +1107,15 @@ class MoEWorkspace:
                    torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
 
 
-def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
+def _long_items(ids: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, ...]:
     """The items of a long call, built with torch and listed (the listing synchronizes with the host: long calls are
-    prefill chunks, never captured). ids: [P] pair -> expert. Returns order, cnt (as _moe_prepare makes them, items of
-    up to `cap` pairs) and the sorted positions where one-pair and multi-pair items start, int32."""
+    prefill chunks, never captured). ids: [P] pair -> expert; counts: int64 [E], the pairs of each expert. Returns
+    order, cnt (as _moe_prepare makes them, items of up to `cap` pairs) and the sorted positions where one-pair and
+    multi-pair items start, int32."""
     ids = ids.long()
     P = ids.numel()
     order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
     e = ids[order]
-    counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
     rank = torch.arange(P, device=ids.device) - (torch.cumsum(counts, 0) - counts)[e]   # pairs of e before it
     cnt = torch.where(rank % cap == 0, torch.clamp(counts[e] - rank, max=cap), 0)
     listed = lambda m: m.nonzero().flatten().to(torch.int32)                # noqa: E731
@@ -1121,7 +1140,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     chunks): the items are listed on the host side (_long_items) and hold up to CAP pairs (long_launch).
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
     one_pair_config(T); multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
-    long_config: (CAP, rows per program, warps, stages) of those of long calls, overriding long_launch's
+    long_config: (CAP, rows per program, warps, stages, activation parts) of those of long calls, overriding
+    long_launch's
     (benchmark sweeps).
     shared (T = 1 only): (sh float32 [1, F], quants, scales) of a Q8_0 shared expert whose SwiGLU sh the caller made,
     its down weight [D, F] as q8_triton.split_q8 arrays: its down product runs in the routed down launch (SHARED_BR),
@@ -1147,9 +1167,11 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     upf = cfg[up_type][3]
     long = T > CAP
     if long:
-        cap, mbr, mwarps, mstages = long_config or long_launch(T * ids.shape[1], gate_blocks.shape[0])
+        flat_ids = ids.reshape(-1).long()
+        counts = torch.bincount(flat_ids, minlength=gate_blocks.shape[0])
+        cap, mbr, mwarps, mstages, parts = long_config or long_launch(counts.tolist(), (gate_type, up_type, down_type))
     else:
-        cap, mbr, mwarps, mstages = CAP, *multi_config, None
+        cap, mbr, mwarps, mstages, parts = CAP, *multi_config, None, 2
     if F % gbr or D % dbr or F % mbr or D % mbr:
         raise ValueError(f"moe_forward: row tiles {gbr}, {dbr}, {mbr} must divide F = {F} and D = {D}")
     k = ids.shape[1]
@@ -1173,7 +1195,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers: one _moe_prepare program per block of a token
     quant_programs = T * (D // QK) if IQ2_XXS in (gate_type, up_type) else 0
     if long:
-        order, cnt, singles, multis = _long_items(ids.reshape(-1), gate_blocks.shape[0], cap)
+        order, cnt, singles, multis = _long_items(flat_ids, counts, cap)
         ws.order.copy_(order)
         ws.cnt.copy_(cnt)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
@@ -1203,7 +1225,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_gateup_multi[(n_multi, F // mbr)](*split_runs(v), *gu_args[1:], m_starts, gate_blocks, up_blocks, ws.h,
                                                dp_tab, *gu_rest, NSB=D // QK, GT=gate_type, GBS=gbs,
                                                GNS=gns, GL=gl, UT=up_type, UBS=ubs, UNS=uns, UL=ul, BR=mbr, CAP=cap,
-                                               COMPACT=long, GATE_THEN_UP=long, num_warps=mwarps, **pdl,
+                                               COMPACT=long, GATE_THEN_UP=long, LO=parts == 2, num_warps=mwarps, **pdl,
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
         extra = triton.cdiv(D // SHARED_BR, D // dbr) if sh else 0     # the shared expert's row tiles on axis 0
@@ -1217,7 +1239,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
                                              D, de, NSB=F // QK,
                                              DT=down_type, DBS=dbs,
-                                             DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, num_warps=mwarps, **pdl,
+                                             DNS=dns, DL=dl, BR=mbr, CAP=cap, COMPACT=long, LO=parts == 2,
+                                             num_warps=mwarps, **pdl,
                                              **({"num_stages": mstages} if long else {}))
     if per_slot:
         return ws.y.view(T, k + sh, D)
