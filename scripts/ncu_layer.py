@@ -30,6 +30,8 @@ from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--long", type=int, default=0, metavar="T", help="one prefill MoE call of T tokens instead")
+ap.add_argument("--long-config", default=None, metavar="CAP:ROWS:WARPS:STAGES:PARTS",
+                help="with --long: this launch of the multi-pair kernels instead of long_launch's")
 args = ap.parse_args()
 types = MIXES["q2"]
 blocks = [random_blocks(t, r, c, lead=E).view(E, r, -1) for t, (r, c) in zip(types, ((F, D), (F, D), (D, F)))]
@@ -37,8 +39,9 @@ T = args.long or 1
 v = torch.randn(T, D, device="cuda") * 3
 ids = uniform_routing(T, device="cuda")                                               # [T, 6]
 w = torch.rand(T, K_SLOTS, device="cuda") * 0.9 + 0.1
+long_config = tuple(map(int, args.long_config.split(":"))) if args.long_config else None
 for _ in range(3):
-    M.moe_forward(v, ids, w, *blocks, *types, CLAMP)
+    M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=long_config)
 for N, K in ((32768, 1024), (2048, 4096)) if not args.long else ():
     qs = Q.split_q8(random_blocks(8, N, K)[0], N, K)
     x = torch.randn(1, K, device="cuda")

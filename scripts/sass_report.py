@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
-    ap.add_argument("--long-config", nargs="*", type=q8_shape, default=None, metavar="CAP:ROWS:WARPS:STAGES",
+    ap.add_argument("--long-config", nargs="*", type=q8_shape, default=None, metavar="CAP:ROWS:WARPS:STAGES:PARTS",
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
@@ -86,12 +86,14 @@ def main() -> int:
             report(f"moe_down_t{down}_{br}x{warps}{'_pf' if pf else ''}_shared",
                    W.moe_down_single(down, D, F, br, warps, pf, shared=True))
     if args.long:
-        for cap, br, warps, stages in args.long_config or M.LONG_CONFIGS.values():
+        longs = args.long_config or [*M.LONG_CONFIGS.values(), *M.LONG_CONFIGS_Q4.values()]
+        for cap, br, warps, stages, parts in longs:
             for gate, down in ((IQ2_XXS, Q2_K), (Q4_K, Q4_K)):
-                name = f"{cap}x{br}x{warps}" + (f"_s{stages}" if stages > 1 else "")
+                name = f"{cap}x{br}x{warps}" + (f"_s{stages}" if stages > 1 else "") + f"_p{parts}"
                 report(f"moe_gateup_multi_t{gate}_{name}", W.moe_gateup_multi(gate, gate, D, F, cap, br, warps, True,
-                                                                              stages))
-                report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages))
+                                                                              stages, parts))
+                report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages,
+                                                                          parts))
         report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
         report("attend_long", W.attend_long(A.LONG_CONFIG))
         for config in args.top_config or [A.TOP_CONFIG]:
