@@ -129,25 +129,28 @@ SHARED_BR = 16
 # (decode, verify of up to 3 drafts) launch the one-pair kernels alone. Verify of 4 drafts at 43 layers with uniform
 # routing (a few experts shared by 2 of the 5 tokens): 24.4 ms, against 28.4 with multi-pair items for every shared one.
 MULTI_MIN = 5
-# Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's
-# blocks serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages, activation parts) by CAP, the one
-# whose items cost least (long_launch), swept by scripts/bench_kernels.py. Parts: 2 splits each activation in two
-# float16 terms (hi + lo, exact to ~1e-6 like the short calls' kernels), 1 keeps hi alone (each value to 2^-11 of its
-# magnitude; the Q2_K / Q4_K min terms keep both). Normwise against float64, a 300-token call at Flash width: q2 mix
-# 5.0e-4 with one part (within the issue's 1e-3 for float16 inputs; ds4's own kernels quantize the activations to
-# int8), 2.6e-6 with two; all-Q4_K 1.2e-3 with one, 4.9e-6 with two, so a call with a Q4_K matrix keeps two parts
-# and the former shapes (LONG_CONFIGS_Q4; its shapes not re-swept). The loops are latency-bound
-# (one 8-warp program per SM at 255 registers: 12.5 % occupancy, 0.3 instructions issued per scheduler cycle, ncu),
-# so a one-part product with 64-row tiles of 4 warps (two programs per SM) pays most. H200, q2 layer (BENCHMARKS.md,
-# thirty-seventh session), ms at T = 512 / 1024 / 2048 random, 2048 skewed: (32, 128, 8, 1, 2) / (64, 128, 8, 1, 2)
-# before 6.24 / 6.93 / 11.55 / 14.21; (32, 64, 4, 1, 1) 4.90 / 5.67 / 10.17 / 9.85, (64, 64, 4, 1, 1) 7.93 / 8.48 /
-# 9.57 / 11.71; two parts at those shapes 6.6-16 ms, 2 pipeline stages or 2 / 8 warps or 32 / 128 rows slower.
+# Long calls (T > CAP: prefill chunks): items of up to CAP pairs of one expert, so that one read of an expert's blocks
+# serves up to CAP tokens; (CAP, rows per program, warps, pipeline stages, activation parts) by CAP, the one whose items
+# cost least (long_launch), swept by scripts/bench_kernels.py. Parts: 2 splits each activation in two float16 terms (hi
+# + lo, exact to ~1e-6 like the short calls' kernels), 1 keeps hi alone (each value to 2^-11 of its magnitude; the Q2_K
+# / Q4_K min terms keep both). Normwise against float64, a 300-token call at Flash width: q2 mix 5.0e-4 with one part
+# (within the issue's 1e-3 for float16 inputs; ds4's own kernels quantize the activations to int8), 2.6e-6 with two;
+# all-Q4_K 1.2e-3 with one, 4.9e-6 with two, so a call with a Q4_K matrix keeps two parts (LONG_CONFIGS_Q4). The loops
+# are latency-bound (one 8-warp program per SM at 255 registers: 12.5 % occupancy, 0.3 instructions issued per scheduler
+# cycle, ncu), so a one-part product with 64-row tiles of 4 warps (two programs per SM) pays most. H200, q2 layer
+# (BENCHMARKS.md, thirty-seventh session), ms at T = 512 / 1024 / 2048 random, 2048 skewed: (32, 128, 8, 1, 2) / (64,
+# 128, 8, 1, 2) before 6.24 / 6.93 / 11.55 / 14.21; (32, 64, 4, 1, 1) 4.90 / 5.67 / 10.17 / 9.85, (64, 64, 4, 1, 1) 7.93
+# / 8.48 / 9.57 / 11.71; two parts at those shapes 6.6-16 ms, 2 pipeline stages or 2 / 8 warps or 32 / 128 rows slower;
+# gate and up in one loop over the blocks (not GATE_THEN_UP) 5.53 / 6.25 / 10.55 / 10.78 against 5.32 / 5.83 / 9.57 /
+# 9.99 (thirty-eighth session). All-Q4_K layer, two parts, same T: (32, 128, 8, 1, 2) 7.89 / 8.78 / 15.19 / 14.64, (32,
+# 64, 4, 1, 2) 6.80 / 7.84 / 14.46 / 14.15, (64, 128, 8, 1, 2) 9.66 / 10.42 / 11.59 / 13.96, (64, 64, 4, 1, 2) 9.23 /
+# 9.96 / 11.74 / 14.56; 8 warps at 64 rows, 16 or 32-row items slower.
 # An item costs about the same at any fill: ~20 us at CAP 32, ~35 at 64 (LONG_ITEM_COST, relative).
 # Measured and dropped (thirty-second session): each block's product in 2-8 smaller tensor-core products with the
 # activations loaded after the weights' decode (fewer spills, 9-35 % slower: they must load during it), and an L2
 # prefetch of each row's next block (within +-3 %).
 LONG_CONFIGS = {32: (32, 64, 4, 1, 1), 64: (64, 64, 4, 1, 1)}
-LONG_CONFIGS_Q4 = {32: (32, 128, 8, 1, 2), 64: (64, 128, 8, 1, 2)}
+LONG_CONFIGS_Q4 = {32: (32, 64, 4, 1, 2), 64: (64, 128, 8, 1, 2)}
 LONG_ITEM_COST = {32: 1.0, 64: 1.75}
 
 
