@@ -9,7 +9,7 @@ For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_confi
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
-LONG_CONFIGS or the --long-config launches, and the Q8_0 bf16 parts kernel; the prefill attention's two kernels,
+LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
 _attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches), and prints registers per
 thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g.
 one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
@@ -94,7 +94,7 @@ def main() -> int:
                                                                               stages, parts))
                 report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages,
                                                                           parts))
-        report(f"q8_dequant_parts_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_parts(D))
+        report(f"q8_dequant_f16_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_f16(D))
         report("attend_long", W.attend_long(A.LONG_CONFIG))
         for config in args.top_config or [A.TOP_CONFIG]:
             report("attend_top_" + "x".join(map(str, config)), W.attend_top(config))

@@ -1030,8 +1030,8 @@ def test_every_variant_compiles_for_sm90():
                 br, w, _, pf = Q.launch_fields(config)
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
                     ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf))
-            ok(W.dequant_parts(K))
-            ok(W.x_parts(K, 8))
+            ok(W.dequant_f16(K))
+            ok(W.x_f16(8 * K))
         ok(W.head_norm_rope(64, 512, 64))
         ok(W.split_f16())
         for N in (1028, 16384):

@@ -88,9 +88,9 @@ def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int
                                      SPLITS=splits, TP=T, PF=pf, num_warps=warps, **LAUNCH)
 
 
-def dequant_parts(K: int, N: int = 4096):
-    return q8_triton._dequant_parts.warmup(U8, F16, I16, N, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
-                                           num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
+def dequant_f16(K: int, N: int = 4096):
+    return q8_triton._dequant_f16.warmup(U8, F16, F16, N, 0.5, K=K, BR=q8_triton.PARTS_BR, BK=q8_triton.PARTS_BK,
+                                         num_warps=q8_triton.PARTS_WARPS, **LAUNCH)
 
 
 def head_norm_rope(H: int, D: int, NR: int):
@@ -103,10 +103,10 @@ def split_f16():
     return parts._split_f16.warmup(F32, F16, F16, 1 << 20, B=parts.SPLIT_BLOCK, num_warps=4, grid=(1,))
 
 
-def x_parts(K: int, G: int):
-    """the prefill projections' input split (no PDL)"""
-    return q8_triton._x_parts.warmup(F32, I16, 2048, K=K, GK=G * K, BT=q8_triton.X_PARTS_BT, BK=q8_triton.X_PARTS_BK,
-                                     num_warps=q8_triton.PARTS_WARPS, grid=(1,))
+def x_f16(GK: int):
+    """the prefill projections' input rounding (no PDL)"""
+    return q8_triton._x_f16.warmup(F32, F16, F32, 2048, GK=GK, BT=q8_triton.X_F16_BT, BK=q8_triton.X_F16_BK,
+                                   num_warps=q8_triton.PARTS_WARPS, grid=(1,))
 
 
 def top_rows(N: int, k: int = 512, warps: int = 8):

@@ -73,8 +73,8 @@ def launch_shape(N: int, K: int, T: int) -> tuple[int, int]:
 
 def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None = None) -> torch.Tensor:
     """x: float32 [T, K] (1 <= T <= MAX_T), w: float16 [N, K] -> float32 [T, N] = x @ w.T, one launch per LAUNCH_T
-    rows of x (verify steps of 5..16 rows read w up to 4 times; the alternative, the bf16 parts of prefill, would make
-    a float copy and three parts of w on every call). config: (rows per program, K tile), overriding launch_shape
+    rows of x (verify steps of 5..16 rows read w up to 4 times; the alternative, prefill's float16 GEMM, would round
+    x to float16). config: (rows per program, K tile), overriding launch_shape
     (sweeps)."""
     T, K = x.shape
     if not 1 <= T <= MAX_T or x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 \

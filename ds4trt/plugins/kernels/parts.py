@@ -2,8 +2,7 @@
 three products hi*hi + lo*hi + hi*lo accumulated in float32 (the lo*lo term is left out).
   float16 parts: a to ~2^-22 |a| (~2e-7 relative products, like float32 FMA) for |a| < 65504; the prefill
       kernels' operands (attn_triton.attend_long_triton, index_triton.index_score_long_triton).
-  bfloat16 parts: a to ~2^-17 |a| over float32's whole range; the prefill projections
-      (runtime/backends/cuda.py project_bf16_parts).
+  bfloat16 parts: a to ~2^-17 |a| over float32's whole range.
 On a GPU the float16 split is one Triton kernel (split_f16_triton: one pass; PyTorch's four passes over a prefill
 chunk's queries, [256, 64, 512] per attention call, cost more than the split needs)."""
 

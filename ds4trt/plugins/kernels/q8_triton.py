@@ -5,10 +5,10 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
-    dequant_bf16_parts(quants, scales, K) -> bfloat16 [N, 3K]: each row's values d * q as hi | lo | hi, bf16
-        parts with d * q = hi + lo (to 2^-17 of |d * q|), the weight operand of the CUDA backend's long prefill
-        chunks (runtime/backends/cuda.py project_bf16_parts).
-    x_bf16_parts(x [T, G*K] f32, G) -> bfloat16 [T, G, 3K]: x's parts hi | hi | lo per group, its input side.
+    dequant_f16(quants, scales, K, inv_scale) -> float16 [N, K]: d * q * inv_scale (a power of two) rounded to
+        float16, the weight operand of the CUDA backend's long prefill chunks (runtime/backends/cuda.py project_f16).
+    x_f16(x [T, G*K] f32) -> (float16 [T, G*K], s f32 [T]): each row divided by the power of two s just above its
+        largest |value| and rounded to float16, its input side.
 
 Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
 In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants are only 2-byte aligned and a
@@ -35,12 +35,14 @@ again. The tensor-core kernel this replaced (a [64, 128] tile of gathered bytes 
 211-216 us for the 32 MB projections and 3.3 ms for the LM head at T = 5 and at T = 9, where the 4-row kernel
 takes 27-29 us and 370 us (scripts/bench_kernels.py --cases q8, H200, 2026-11-30).
 
-dequant_bf16_parts rounds to bf16 with integer operations on the float32 bits (round to nearest even, as torch's
-.to(torch.bfloat16)): Triton's interpreter truncates in .to(tl.bfloat16), so the kernel's parts are those of torch
-both on the GPU and under the interpreter.
+Prefill chunks' float16 operands: a Q8_0 value d * q has up to 19 significant bits, so float16 rounds it (to
+2^-12 of itself); dividing by a power of two first is exact, so it moves the values into float16's range and
+rounds nothing more. Likewise x: |x / s| < 1 never overflows float16, whatever the activations' magnitudes.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -79,8 +81,8 @@ SIZE_CONFIG = ((2, 1 << 25, 1 << 26, (32, 2, 528)),)
 LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulators are per row)
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
-PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_bf16_parts' tile: rows, values, warps
-X_PARTS_BT, X_PARTS_BK = 16, 256                  # x_bf16_parts' tile: rows, inputs (PARTS_WARPS warps)
+PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_f16's tile: rows, values, warps
+X_F16_BT, X_F16_BK = 16, 256                      # x_f16's program: rows, inputs per step (PARTS_WARPS warps)
 
 
 @triton.jit
@@ -209,11 +211,11 @@ def _word_fma(acc, p0, p1, p2, p3, xp, kb, K: tl.constexpr):
 
 
 @triton.jit
-def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                   PDL: tl.constexpr):
-    """Program (p, s): rows p*BR.. and values s*BK.. of out int16 [N, 3K], each row hi | lo | hi (the bf16 bits
-    of the values d * q and of their residuals); rows past N and blocks past K masked. Tile [row, block, value in
-    block]: one scale load per block, and each word of 4 quants is one 4-byte load (split_q8 keeps them together)."""
+def _dequant_f16(q_ptr, d_ptr, out_ptr, N, inv_scale, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Program (p, s): rows p*BR.. and values s*BK.. of out float16 [N, K], d * q * inv_scale rounded to nearest
+    even; rows past N and blocks past K masked. Tile [row, block, value in block]: one scale load per block, and
+    each word of 4 quants is one 4-byte load (split_q8 keeps them together)."""
     pdl_enter(PDL)
     KP: tl.constexpr = (K + 255) // 256 * 256
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -225,37 +227,32 @@ def _dequant_parts(q_ptr, d_ptr, out_ptr, N, K: tl.constexpr, BR: tl.constexpr, 
     mask = (rows < N)[:, None, None] & (blk < K // 32)                            # [BR, BK/32, 1]: whole blocks
     u = tl.load(q_ptr + r * KP + pos, mask=mask, other=128)
     d = tl.load(d_ptr + r * (KP // 32) + blk, mask=mask, other=0.0)
-    value = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32)             # [BR, BK/32, 32] = q * d, exact
-    hi = _bf16_bits(value)
-    lo = _bf16_bits(value - (hi << 16).to(tl.float32, bitcast=True))              # the residual is exact in float32
-    o = out_ptr + r * (3 * K) + k
-    tl.store(o, hi.to(tl.int16), mask=mask)
-    tl.store(o + K, lo.to(tl.int16), mask=mask)
-    tl.store(o + 2 * K, hi.to(tl.int16), mask=mask)
+    value = (u.to(tl.int32) - 128).to(tl.float32) * d.to(tl.float32) * inv_scale  # exact: a power of two apart
+    tl.store(out_ptr + r * K + k, value.to(tl.float16), mask=mask)
 
 
 @triton.jit
-def _x_parts(x_ptr, out_ptr, T, K: tl.constexpr, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """Program (p, s): rows p*BT.. and inputs s*BK.. of x [T, GK] (G groups of K) -> out int16 [T, G, 3K], per
-    group the bf16 bits of hi | hi | lo (hi = x rounded to nearest even, lo = the residual likewise)."""
+def _x_f16(x_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Program p: rows p*BT.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to nearest even, s [T]
+    the power of two with max |x| of the row in [s/2, s) (2^-126 for a row of zeros or subnormals; finite rows
+    below 2^126). Two passes over the row: its maximum, then the scaled values."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    mask = (rows < T)[:, None] & (k < GK)[None, :]
+    live = rows < T
     r = rows.to(tl.int64)[:, None]
-    v = tl.load(x_ptr + r * GK + k[None, :], mask=mask, other=0.0)
-    hi = _bf16_bits(v)
-    lo = _bf16_bits(v - (hi << 16).to(tl.float32, bitcast=True))
-    o = out_ptr + r * (3 * GK) + (k // K * (3 * K) + k % K)[None, :]
-    tl.store(o, hi.to(tl.int16), mask=mask)
-    tl.store(o + K, hi.to(tl.int16), mask=mask)
-    tl.store(o + 2 * K, lo.to(tl.int16), mask=mask)
-
-
-@triton.jit
-def _bf16_bits(v):
-    """float32 v (finite) -> int32 holding in its low 16 bits the bits of v rounded to bfloat16, to nearest even."""
-    b = v.to(tl.int32, bitcast=True)
-    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    m = tl.zeros([BT], tl.float32)
+    for k0 in range(0, GK, BK):
+        k = k0 + tl.arange(0, BK)
+        v = tl.load(x_ptr + r * GK + k[None, :], mask=live[:, None] & (k < GK)[None, :], other=0.0)
+        m = tl.maximum(m, tl.max(tl.abs(v), axis=1))
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF                                # biased exponent of the maximum
+    s = ((e + 1) << 23).to(tl.float32, bitcast=True)                               # 2^(e - 126) > max
+    inv = ((253 - e) << 23).to(tl.float32, bitcast=True)                           # 1 / s, exactly
+    tl.store(s_ptr + rows, s, mask=live)
+    for k0 in range(0, GK, BK):
+        k = k0 + tl.arange(0, BK)
+        mask = live[:, None] & (k < GK)[None, :]
+        v = tl.load(x_ptr + r * GK + k[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + r * GK + k[None, :], (v * inv[:, None]).to(tl.float16), mask=mask)
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}
@@ -372,32 +369,39 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     return out
 
 
-def x_bf16_parts(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """The input side of project_bf16_parts (runtime/backends/cuda.py) in one pass: x float32 [T, G*K] -> bfloat16
-    [T, G, 3K], per group hi | hi | lo: bit for bit parts.split_parts(x, torch.bfloat16)'s hi and lo (PyTorch made
-    them in four passes and a concatenation)."""
+def x_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input side of project_f16 (runtime/backends/cuda.py) in one kernel: x float32 [T, GK] -> (float16
+    [T, GK], s float32 [T]) with row t = x[t] / s[t] rounded to nearest even, s[t] the power of two with max |x[t]|
+    in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16))."""
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"x_f16: expected float32 [T, GK], got {x.dtype} {list(x.shape)}")
     T, GK = x.shape
-    if x.dtype != torch.float32 or GK % groups:
-        raise ValueError(f"x_bf16_parts: expected float32 [T, G*K] with G = {groups} groups, got {x.dtype} "
-                         f"{list(x.shape)}")
-    out = torch.empty(T, groups, 3 * (GK // groups), dtype=torch.bfloat16, device=x.device)
-    _x_parts[(triton.cdiv(T, X_PARTS_BT), triton.cdiv(GK, X_PARTS_BK))](
-        x.contiguous(), out.view(torch.int16), T, K=GK // groups, GK=GK, BT=X_PARTS_BT, BK=X_PARTS_BK,
-        num_warps=PARTS_WARPS)
-    return out
+    out = torch.empty(T, GK, dtype=torch.float16, device=x.device)
+    s = torch.empty(T, dtype=torch.float32, device=x.device)
+    _x_f16[(triton.cdiv(T, X_F16_BT),)](x.contiguous(), out, s, T, GK=GK, BT=X_F16_BT, BK=X_F16_BK,
+                                        num_warps=PARTS_WARPS)
+    return out, s
 
 
-def dequant_bf16_parts(quants: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
-    """split_q8's arrays of an [N, K] weight -> bfloat16 [N, 3K]: row n is hi | lo | hi with hi the value d * q
-    rounded to bf16 (to nearest even) and lo the residual d * q - hi rounded likewise (bit for bit torch's
-    .to(torch.bfloat16) of the float32 values and residuals)."""
+def dequant_f16(quants: torch.Tensor, scales: torch.Tensor, K: int, inv_scale: float = 1.0) -> torch.Tensor:
+    """split_q8's arrays of an [N, K] weight -> float16 [N, K]: the values d * q times inv_scale (a power of two:
+    f16_scale's inverse keeps them in float16's range) rounded to nearest even (bit for bit torch's
+    .to(torch.float16) of dequantize(...) * inv_scale)."""
     N, KP = quants.shape
     if K % QK or KP != padded(K) or quants.dtype != torch.uint8 or scales.dtype != torch.float16 \
             or scales.shape != (N, KP // QK) or scales.device != quants.device:
-        raise ValueError(f"dequant_bf16_parts: expected split_q8 arrays of an [N, {K}] weight, got quants "
+        raise ValueError(f"dequant_f16: expected split_q8 arrays of an [N, {K}] weight, got quants "
                          f"{quants.dtype} {list(quants.shape)}, scales {scales.dtype} {list(scales.shape)}")
-    out = torch.empty(N, 3 * K, dtype=torch.bfloat16, device=quants.device)
+    out = torch.empty(N, K, dtype=torch.float16, device=quants.device)
     grid = (triton.cdiv(N, PARTS_BR), triton.cdiv(K, PARTS_BK))
-    _dequant_parts[grid](quants.contiguous(), scales.contiguous(), out.view(torch.int16), N, K=K, BR=PARTS_BR,
-                         BK=PARTS_BK, num_warps=PARTS_WARPS, **pdl_launch(quants.device))
+    _dequant_f16[grid](quants.contiguous(), scales.contiguous(), out, N, inv_scale, K=K, BR=PARTS_BR, BK=PARTS_BK,
+                       num_warps=PARTS_WARPS, **pdl_launch(quants.device))
     return out
+
+
+def f16_scale(scales: torch.Tensor) -> float:
+    """The power of two that dequant_f16's values of a weight with these split_q8 scales are divided by: the
+    largest |d * q| (|q| <= 128) lands in [2^14, 2^15), far from float16's overflow (65504) and its subnormals
+    (below 2^-14) for all but values 2^28 times smaller than it. One host read of the scales' maximum (at load)."""
+    m = scales.abs().max().float().item() * 128
+    return 2.0 ** (math.frexp(m)[1] - 15) if 0 < m < math.inf else 1.0

@@ -8,9 +8,9 @@ Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks; in one-token steps the shared
 expert's down product runs inside their down launch, ExpertsAndShared), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
-Prefill chunks (more rows than the kernels take) split one Q8_0 / F16 weight at a time into bf16 parts for a bf16
-tensor-core product (project_bf16_parts, ~5e-6 relative): a Q8_0 weight by one kernel from its blocks
-(q8_triton.dequant_bf16_parts, ~7 bytes of traffic per weight value, no float32 copy).
+Prefill chunks (more rows than the kernels take) multiply on the float16 tensor cores (project_f16, ~3e-4
+relative): a Q8_0 weight made float16 one at a time by one kernel from its blocks (q8_triton.dequant_f16, 3 bytes
+of traffic per weight value, no float32 copy), an F16 one as it is.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
 two (attn_triton), the indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each
@@ -57,16 +57,15 @@ from ds4trt.model.weights import load_mtp, load_target
 from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
     qat_triton, rope_triton, route_triton, rows_triton, topk_triton
 from ds4trt.plugins.kernels.commit_triton import CommitPlan
-from ds4trt.plugins.kernels.parts import split_parts
 from ds4trt.plugins.kernels.pdl import pdl_wanted
 from ds4trt.plugins.moe import GGUFExperts
 from ds4trt.runtime.session import Engine
 from ds4trt.runtime.steps import Steps
 from ds4trt.tokenizer import Tokenizer
 
-KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps split the weight into bf16 parts for one bf16
-                             # tensor-core GEMM (project_bf16_parts; a float32 SGEMM before: prefill of 2048
-                             # tokens 836 -> 883 tokens/s on the H200, BENCHMARKS.md)
+KERNEL_MAX_T = 16            # q8_matmul's row limit: longer steps make the weight float16 for one float16
+                             # tensor-core GEMM (project_f16; a float32 SGEMM at first: prefill of 2048 tokens
+                             # 836 -> 883 tokens/s on the H200 with bf16 parts, BENCHMARKS.md)
 MAX_GRAPH_T = 9              # a verify step of 8 drafts (ds4-run --mtp-draft <= 8)
 MIN_BOUND = 4096             # graphed steps read the compressed rows of positions below a power of two from this on
                              # (Steps.bound): at ds4-run's default --ctx one bound, the whole cache
@@ -314,6 +313,7 @@ class Q8Linear(nn.Module):
         self.register_buffer("quants", quants)
         self.register_buffer("scales", scales)
         self.N, self.K, self.groups = N, K, groups
+        self.f16_scale = q8_triton.f16_scale(scales)       # prefill's float16 weight stands for f16_scale times it
 
     @classmethod
     def from_weights(cls, weights, name: str, groups: int = 1) -> "Q8Linear":
@@ -323,33 +323,31 @@ class Q8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., G*K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: this weight's bf16 parts for the one product
-            return project_bf16_parts(x, q8_triton.dequant_bf16_parts(self.quants, self.scales, self.K), self.groups)
+        if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: this weight in float16 for the one product
+            w16 = q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
+            return project_f16(x, w16, self.groups, self.f16_scale)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
-def weight_bf16_parts(weight: torch.Tensor) -> torch.Tensor:
-    """float32 [N, K] -> bfloat16 [N, 3K], row n = hi | lo | hi (parts.split_parts): project_bf16_parts' weight
-    operand (q8_triton.dequant_bf16_parts makes the same from Q8_0 blocks)."""
-    wh, wl = split_parts(weight, torch.bfloat16)
-    return torch.cat((wh, wl, wh), dim=1)
-
-
-def project_bf16_parts(x: torch.Tensor, wparts: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the bf16 tensor cores, for long
-    prefill chunks, given the weight's bf16 parts wparts [N, 3K] (weight_bf16_parts, q8_triton.dequant_bf16_parts):
-    x split likewise (q8_triton.x_bf16_parts, one pass) and three products of the parts (hi hi, hi lo, lo hi; lo lo,
-    below 2^-18 |x| |w|, is left out) summed by one GEMM over 3K with float32 accumulation and output: ~5e-6
-    relative on random rows, against float64. An F16 weight is split exactly; a Q8_0 one (<= 18 significant bits)
-    loses its bits past 16. Float32 GEMMs run on the CUDA cores at ~1/10 of the bf16 rate."""
-    G, N, K = groups, wparts.shape[0], wparts.shape[1] // 3
-    a = q8_triton.x_bf16_parts(x.reshape(-1, G * K), G).transpose(0, 1)   # [G, T, 3K]
-    b = wparts.reshape(G, N // G, 3 * K).transpose(1, 2)                 # [G, 3K, N/G]
+def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: float = 1.0) -> torch.Tensor:
+    """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the float16 tensor cores, for
+    long prefill chunks, given the weight as float16 w16 [N, K] standing for w_scale * w16 (w_scale a power of two:
+    q8_triton.dequant_f16 and f16_scale, or an F16 weight itself with 1): x scaled per row by a power of two and
+    rounded to float16 (q8_triton.x_f16), one GEMM with float32 accumulation and output, scaled back. Each operand
+    rounded to float16 (2^-12 relative, the scaling exact): ~3e-4 relative against float64 on random rows, within
+    the 1e-3 the issue allows float16 inputs, like the routed experts' long calls (ds4's own kernels round the
+    activations to 8 bits). bf16 parts (hi + lo of each operand, three products: ~5e-6) cost three times the
+    tensor-core work and twice the weight's bytes (BENCHMARKS.md)."""
+    G, N, K = groups, w16.shape[0], w16.shape[1]
+    xs, s = q8_triton.x_f16(x.reshape(-1, G * K))                          # [T, G*K] float16, [T] float32
+    a = xs.view(-1, G, K).transpose(0, 1)                                  # [G, T, K]
+    b = w16.view(G, N // G, K).transpose(1, 2)                             # [G, K, N/G]
     if a.is_cuda:
-        y = torch.bmm(a, b, out_dtype=torch.float32)                     # [G, T, N/G]
+        y = torch.bmm(a, b, out_dtype=torch.float32)                       # [G, T, N/G]
     else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
         y = torch.bmm(a.float(), b.float())
-    return y.transpose(0, 1).reshape(*x.shape[:-1], N)
+    y = y.transpose(0, 1) * (s * w_scale)[:, None, None]                   # [T, G, N/G], one pass
+    return y.reshape(*x.shape[:-1], N)
 
 
 @torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
@@ -364,8 +362,8 @@ def _(x, w):
 
 class F16Linear(nn.Module):
     """x @ W.T for an F16 GGUF matrix kept as float16 (the routers, compressors and indexer projections: half the
-    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else project_bf16_parts on the
-    weight's bf16 parts, made for the one product (prefill chunks)."""
+    bytes of a float32 copy): f16_triton for steps of up to f16_triton.MAX_T rows, else project_f16 on the weight
+    itself (prefill chunks)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -376,7 +374,7 @@ class F16Linear(nn.Module):
         """x: [..., K] float32 -> [..., N]"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > f16_triton.MAX_T:
-            return project_bf16_parts(x, weight_bf16_parts(self.weight.float()))
+            return project_f16(x, self.weight)
         return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.N)
 
 
