@@ -32,6 +32,9 @@ zeros; the kernels' time does not depend on the values):
       compressed rows, T = 1, 2, 4;
   2f. the indexer's top-k (top_rows_triton, k = 512) over TOPK_ROWS compressed rows, T = 1, 2, 4, and the stable
       torch.sort it replaces, for comparison;
+  2f'. a 2048-token prefill chunk's projections through the CUDA backend's modules (Q8Linear, F16Linear past
+      their kernels' row limit: the weight made float16, one GEMM), each Q8_0 and F16 matrix of a layer and the
+      layer's sum (timed eagerly, L2 flushed between calls);
   2g. a compressor's rows of a short step (compress_emit_triton) at T = 1 (a token that emits and one that does
       not) and T = 5, for the ratio-128 and ratio-4 KV compressors and the ratio-4 indexer's, and the PyTorch
       emit_rows it replaces (uncompiled PyTorch ops in the same CUDA graph; compiled they are several kernels);
@@ -404,6 +407,30 @@ def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
                             kind="sweep_f16", tensor=name, config=list(cfg))))
 
 
+def bench_project(bw: float, results: list) -> None:
+    """A 2048-token prefill chunk's projections (case 2f'). Bytes: the weight in its GGUF format, x read, y
+    written; the floor a GEMM that reads them once would have (the tensor-core work, ~0.7 ms per layer at the
+    H200's bf16 rate, is not counted)."""
+    from ds4trt.runtime.backends.cuda import F16Linear, Q8Linear
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    T, total = 2048, 0.0
+    mods = [(name, N, K, G, Q8Linear(random_blocks(8, N, K, gen=gen)[0], N, K, G)) for name, N, K, G in Q8_LAYER]
+    mods += [(name, N, K, 1, F16Linear(torch.randn(N, K, device=DEV, generator=gen) / K ** 0.5))
+             for name, N, K in F16_LAYER if not name.startswith("u_group")]
+    for name, N, K, G, mod in mods:
+        x = torch.randn(T, G * K, device=DEV, generator=gen)
+        wbytes = N * K * (34 / 32 if isinstance(mod, Q8Linear) else 2)
+        nbytes = wbytes + x.numel() * 4 + T * N * 4
+
+        def run(mod=mod, x=x, name=name, nbytes=nbytes):
+            nonlocal total
+            ms = do_bench(lambda: mod(x), warmup=3, rep=50, return_mode="median")
+            total += ms
+            results.append(case(f"project {name}", T, nbytes, ms, bw, kind="project"))
+        guarded(f"project {name}", results, run)
+    log(f"a layer's projections of a {T}-token chunk (the F16 ones as separate matrices): {total:.3f} ms")
+
+
 def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None:
     """attend_triton at T = 1, 2, 4 over ATTEND_KEYS keys (90 % visible; the kernel reads every key either way)."""
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -642,10 +669,11 @@ def main() -> int:
                                       "when named here)")
     ap.add_argument("--cases",
                     default="moe,moe_long,q8,f16,attend,attend_long,attend_top,index,index_long,hc_long,topk,"
-                            "compress,q4,q4_long",
+                            "compress,project,q4,q4_long",
                     help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), attend_top (prefill), index, "
-                         "index_long (prefill), hc_long (prefill), topk, compress, q4 (moe), q4_long (q4 prefill)")
+                         "index_long (prefill), hc_long (prefill), topk, compress, project (prefill), q4 (moe), "
+                         "q4_long (q4 prefill)")
     args = ap.parse_args()
     global SWEEP_T
     SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
@@ -688,6 +716,8 @@ def main() -> int:
         bench_topk(bw, results, sweeps)
     if "compress" in cases:
         bench_compress(bw, results)
+    if "project" in cases:
+        bench_project(bw, results)
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     if "q4_long" in cases:
