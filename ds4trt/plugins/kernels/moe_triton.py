@@ -1112,10 +1112,9 @@ class MoEWorkspace:
 
 def _long_items(ids: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, ...]:
     """The items of a long call, built with torch and listed (the listing synchronizes with the host: long calls are
-    prefill chunks, never captured). ids: [P] pair -> expert; counts: int64 [E], the pairs of each expert. Returns
-    order, cnt (as _moe_prepare makes them, items of up to `cap` pairs) and the sorted positions where one-pair and
-    multi-pair items start, int32."""
-    ids = ids.long()
+    prefill chunks, never captured). ids: int64 [P] pair -> expert; counts: int64 [E], the pairs of each expert.
+    Returns order, cnt (as _moe_prepare makes them, items of up to `cap` pairs) and the sorted positions where
+    one-pair and multi-pair items start, int32."""
     P = ids.numel()
     order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
     e = ids[order]

@@ -35,7 +35,7 @@ again. The tensor-core kernel this replaced (a [64, 128] tile of gathered bytes 
 211-216 us for the 32 MB projections and 3.3 ms for the LM head at T = 5 and at T = 9, where the 4-row kernel
 takes 27-29 us and 370 us (scripts/bench_kernels.py --cases q8, H200, 2026-11-30).
 
-Prefill chunks' float16 operands: a Q8_0 value d * q has up to 19 significant bits, so float16 rounds it (to
+Prefill chunks' float16 operands: a Q8_0 value d * q has up to 18 significant bits, so float16 rounds it (to
 2^-12 of itself); dividing by a power of two first is exact, so it moves the values into float16's range and
 rounds nothing more. Likewise x: |x / s| < 1 never overflows float16, whatever the activations' magnitudes.
 """
