@@ -45,7 +45,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
     ap.add_argument("--q8", nargs="*", type=q8_shape, default=None,
-                    help="Q8_0 shapes rows:warps[:min programs[:prefetch]] (default: rows_config's at each --q8-t)")
+                    help="Q8_0 shapes rows:warps[:min programs[:prefetch[:blocks per tile]]] (default: rows_config's at each "
+                         "--q8-t)")
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
@@ -101,10 +102,11 @@ def main() -> int:
     for T in args.q8_t:
         for config in args.q8 or [None]:                       # None: q8_matmul's launch (rows_config)
             for n, k in ((32768, 1024), (2048, 4096)):        # attn_q_b (no split at T = 1), ffn_gate_shexp (split K)
-                br, warps, min_programs, pf = Q.launch_fields(config or Q.rows_config(T, n, k))
+                br, warps, min_programs, pf, nb = Q.launch_fields(config or Q.rows_config(T, n, k))
                 _, steps, splits = Q.row_launch(n, k, br, min_programs)
-                report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else ""),
-                       W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf))
+                report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else "") + (f"_nb{nb}" if nb < 8
+                                                                                                else ""),
+                       W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf, nb=nb))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
     report("index_score_1025", W.index_score(1025))  # the indexer's scores of a decode step, 4096-token cache

@@ -432,6 +432,22 @@ def test_q8_small(shape):
     _q8_check(T_GPU if GPU else (1, 2, 3, 6), *shape, seed=_seed(*shape))
 
 
+@pytest.mark.parametrize("nb", [2, 4])
+@pytest.mark.parametrize("pf", [False, True])
+def test_q8_sub_tiles(nb, pf):
+    """Steps of 8 blocks taken as 8 / nb sub-steps of [word, nb blocks, row] tiles (the fifth config entry), with and
+    without the prefetch: the same products, on Q8_SMALL's partial row tiles and steps, groups and K splits (min
+    programs 64) and on a shape whose rows span several per thread (64-row tiles)."""
+    for N, K, groups in Q8_SMALL[:3]:
+        _q8_check((1, 2, 3) if GPU else (1, 3), N, K, groups, seed=_seed("q8 sub", nb, pf, N, K),
+                  config=(16, 4, 64, pf, nb))
+    _q8_check((1, 2, 3, 4) if GPU else (2, 4), 128, 512, 1, seed=_seed("q8 sub rows", nb, pf),
+              config=(64, 4, 8, pf, nb))
+    with pytest.raises(ValueError, match="blocks per tile 3"):
+        q8_triton.q8_matmul(torch.zeros(1, 256, device=DEVICE), *q8_triton.split_q8(
+            torch.zeros(8, 272, dtype=torch.uint8, device=DEVICE), 8, 256), 256, config=(16, 4, 528, pf, 3))
+
+
 def test_q8_reads_a_misaligned_x():
     """x whose storage starts 4 bytes past a 16-byte boundary (a view into a larger tensor): the same products as an
     aligned copy (_q8_rows reads x by 16-byte loads; q8_matmul copies such an x first)."""
@@ -1027,9 +1043,9 @@ def test_every_variant_compiles_for_sm90():
             ok(W.dequant_rows(gt))
         for K in (1024, 4096, 8192, 320):
             for T, config in Q8_LAUNCHES:
-                br, w, _, pf = Q.launch_fields(config)
+                br, w, _, pf, nb = Q.launch_fields(config)
                 for steps, splits in ((1, 16), (2, 1), (2, 8), (16, 1)):
-                    ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf))
+                    ok(W.q8_rows(K, br, w, steps, splits, T, pf=pf, nb=nb))
             ok(W.dequant_f16(K))
             ok(W.x_f16(8 * K))
         ok(W.head_norm_rope(64, 512, 64))
@@ -1064,8 +1080,8 @@ def test_every_variant_compiles_for_sm90():
                     ok(W.moe_down_single(t, 4096, 2048, br, w, pf))
         for T, configs in Q8_SWEEP.items():
             for config in configs:
-                br, w, _, pf = Q.launch_fields(config)
-                ok(W.q8_rows(4096, br, w, 2, 8, T, pf=pf))
+                br, w, _, pf, nb = Q.launch_fields(config)
+                ok(W.q8_rows(4096, br, w, 2, 8, T, pf=pf, nb=nb))
         for ks, ch, w in ATTEND_SWEEP:
             ok(W.attend_part(1153, ks, ch, w))
         for config in ATTEND_LONG_SWEEP:
@@ -1097,9 +1113,9 @@ def test_every_variant_compiles_for_sm90():
                     assert spills(W.moe_down_single(dt, 4096, 2048, dbr, dw, dpf, maxnreg=dreg, shared=True)) == 0, \
                         ("_moe_down_single spills, shared", dt)
         for T, config in Q8_LAUNCHES:
-            br, w, _, pf = Q.launch_fields(config)
+            br, w, _, pf, nb = Q.launch_fields(config)
             for splits in (1, 8):
-                assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf)) == 0, ("_q8_rows spills", T, splits)
+                assert spills(W.q8_rows(4096, br, w, 2, splits, T, pf=pf, nb=nb)) == 0, ("_q8_rows spills", T, splits)
         assert spills(W.attend_top(A.TOP_CONFIG)) == 0, "_attend_top spills at TOP_CONFIG"
         print("compiled", n)
     """)

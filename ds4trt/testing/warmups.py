@@ -83,9 +83,10 @@ def dequant_rows(t: int):
     return M._dequant_rows.warmup(U8, F32, 96, 4096, I16, U8, TYPE=t, BS=bs, NS=ns, L=l, BR=16, **LAUNCH)
 
 
-def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int = 4096, pf: bool = False):
+def q8_rows(K: int, br: int, warps: int, steps: int, splits: int, T: int, N: int = 4096, pf: bool = False,
+            nb: int = q8_triton.NB_STEP):
     return q8_triton._q8_rows.warmup(F32, U8, F16, F32, F32, I32, N, N, q8_triton.ONE_BITS, K=K, BR=br, STEPS=steps,
-                                     SPLITS=splits, TP=T, PF=pf, num_warps=warps, **LAUNCH)
+                                     SPLITS=splits, TP=T, PF=pf, NB=nb, num_warps=warps, **LAUNCH)
 
 
 def dequant_f16(K: int, N: int = 4096):

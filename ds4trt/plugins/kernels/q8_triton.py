@@ -88,7 +88,7 @@ X_F16_BT, X_F16_BK = 16, 256                      # x_f16's tile: rows, inputs (
 @triton.jit
 def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group, ONE, K: tl.constexpr,
              BR: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr, TP: tl.constexpr, PF: tl.constexpr,
-             PDL: tl.constexpr):
+             NB: tl.constexpr, PDL: tl.constexpr):
     """out[0:TP, rows] for TP = T <= 4 rows of x: program (i, split) does rows i*BR.. and the STEPS steps of 8
     blocks from split*STEPS*8 on (split_q8's layout: a step is 64 words, word j of block b at 8*j + b).
     Tile [word j, block b, row], rows last: Triton orders a tile's dims by contiguity, then by position, so each lane
@@ -104,7 +104,7 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
     x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
     y0, y1, y2, y3 = q8_tile(x_row, K * (N // rows_per_group), q_ptr, d_ptr, rows, tl.program_id(1) * STEPS, ONE,
-                              K, BR, STEPS, TP, PF)
+                              K, BR, STEPS, TP, PF, NB)
     out_rows = row0 + tl.arange(0, BR)
     o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
     omask = out_rows < N
@@ -130,33 +130,45 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
 
 @triton.jit
 def q8_tile(x_row, xs, q_ptr, d_ptr, rows, kb0, ONE, K: tl.constexpr, BR: tl.constexpr, STEPS: tl.constexpr,
-            TP: tl.constexpr, PF: tl.constexpr):
+            TP: tl.constexpr, PF: tl.constexpr, NB: tl.constexpr = 8):
     """4 x [BR] float32: weight rows `rows` ([BR] int64) of split_q8's arrays times TP <= 4 rows of x (x_row: row 0,
     16-byte aligned; xs: the stride between rows) over the STEPS steps of 8 blocks from step kb0 on (sums of rows
-    past TP are zeros). _q8_rows' loop (see there), also the shared expert's down in moe_triton."""
+    past TP are zeros). _q8_rows' loop (see there), also the shared expert's down in moe_triton.
+    NB: blocks of a step per tile (8, 4 or 2): each step is 8 / NB sub-steps over a [word, NB blocks, row] tile, so
+    that a thread holds NB words of more rows and loads each x value once for all of them (x's registers and loads
+    per weight word fall by 8 / NB at the same weight bytes per thread)."""
     KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
+    SUB: tl.constexpr = 8 // NB                                           # sub-steps per step
     w_ptr = q_ptr.to(tl.pointer_type(tl.uint32))
     j = tl.arange(0, 8)[:, None, None]
-    b = tl.arange(0, 8)[None, :, None]
-    woff = (rows * (KP // 4))[None, None, :] + 8 * j + b                               # [8, 8, BR]
-    doff = (rows * (KP // 32))[None, None, :] + b + 0 * j          # [8, 8, BR]: the quants' shape, hence layout
-    xoff = 32 * b + 4 * j                                                               # [8, 8, 1]: x of byte 0
-    acc0 = tl.zeros([8, 8, BR], tl.float32)
-    acc1 = tl.zeros([8, 8, BR], tl.float32)
-    acc2 = tl.zeros([8, 8, BR], tl.float32)
-    acc3 = tl.zeros([8, 8, BR], tl.float32)
-    if PF:                                  # this program's first step, loaded before the loop
+    b = tl.arange(0, NB)[None, :, None]
+    woff = (rows * (KP // 4))[None, None, :] + 8 * j + b                               # [8, NB, BR]
+    doff = (rows * (KP // 32))[None, None, :] + b + 0 * j          # [8, NB, BR]: the quants' shape, hence layout
+    xoff = 32 * b + 4 * j                                                               # [8, NB, 1]: x of byte 0
+    acc0 = tl.zeros([8, NB, BR], tl.float32)
+    acc1 = tl.zeros([8, NB, BR], tl.float32)
+    acc2 = tl.zeros([8, NB, BR], tl.float32)
+    acc3 = tl.zeros([8, NB, BR], tl.float32)
+    if PF:                                  # this program's first sub-step, loaded before the loop
         w_next = tl.load(w_ptr + woff + kb0 * 64)
         d_next = tl.load(d_ptr + doff + kb0 * 8)
-    for step in range(0, STEPS):
-        kb = (kb0 + step) * 8
-        if PF:                              # the next step's words and scales in flight during this one's math
+    for it in range(0, STEPS * SUB):
+        span = kb0 + it // SUB                      # the step (span of 8 blocks) and the sub-step's first block in it
+        b0 = it % SUB * NB
+        kb = span * 8 + b0                          # the sub-step's first block
+        if PF:                              # the next sub-step's words and scales in flight during this one's math
             w, d = w_next, d_next.to(tl.float32)
-            kn = tl.minimum(kb + 8, (kb0 + STEPS - 1) * 8)     # the last step loads itself again: never past the range
-            w_next = tl.load(w_ptr + woff + kn * 8)
-            d_next = tl.load(d_ptr + doff + kn)
+            if SUB == 1:                    # the last step loads itself again: never past the range
+                kn = tl.minimum(kb + 8, (kb0 + STEPS - 1) * 8)
+                w_next = tl.load(w_ptr + woff + kn * 8)
+                d_next = tl.load(d_ptr + doff + kn)
+            else:                           # likewise the last sub-step
+                nxt = tl.minimum(it + 1, STEPS * SUB - 1)
+                ns, nb0 = kb0 + nxt // SUB, nxt % SUB * NB
+                w_next = tl.load(w_ptr + woff + (ns * 64 + nb0))
+                d_next = tl.load(d_ptr + doff + (ns * 8 + nb0))
         else:
-            w = tl.load(w_ptr + woff + kb * 8)
+            w = tl.load(w_ptr + woff + (span * 64 + b0))
             d = tl.load(d_ptr + doff + kb).to(tl.float32)
         hi = w >> 16
         v0 = ((w & 0xFF) | ONE).to(tl.float32, bitcast=True) - LO_BIAS           # q * 2^-23
@@ -165,48 +177,48 @@ def q8_tile(x_row, xs, q_ptr, d_ptr, rows, kb0, ONE, K: tl.constexpr, BR: tl.con
         v3 = ((hi & 0xFF00) | ONE).to(tl.float32, bitcast=True) - HI_BIAS
         xp = x_row + kb * 32 + xoff
         if TP == 1:
-            acc0 += _word_sums(v0, v1, v2, v3, xp, kb, K) * (d * 32768.0)
+            acc0 += _word_sums(v0, v1, v2, v3, xp, kb, K, NB) * (d * 32768.0)
         else:       # the values d * q (exact) made once, then 4 FFMA per word and row of x
             dl = d * 8388608.0
             dh = d * 32768.0
             v0, v1, v2, v3 = v0 * dl, v1 * dh, v2 * dl, v3 * dh
-            acc0 = _word_fma(acc0, v0, v1, v2, v3, xp, kb, K)
-            acc1 = _word_fma(acc1, v0, v1, v2, v3, xp + xs, kb, K)
+            acc0 = _word_fma(acc0, v0, v1, v2, v3, xp, kb, K, NB)
+            acc1 = _word_fma(acc1, v0, v1, v2, v3, xp + xs, kb, K, NB)
             if TP > 2:
-                acc2 = _word_fma(acc2, v0, v1, v2, v3, xp + 2 * xs, kb, K)
+                acc2 = _word_fma(acc2, v0, v1, v2, v3, xp + 2 * xs, kb, K, NB)
             if TP > 3:
-                acc3 = _word_fma(acc3, v0, v1, v2, v3, xp + 3 * xs, kb, K)
+                acc3 = _word_fma(acc3, v0, v1, v2, v3, xp + 3 * xs, kb, K, NB)
     return (tl.sum(tl.sum(acc0, axis=0), axis=0), tl.sum(tl.sum(acc1, axis=0), axis=0),
             tl.sum(tl.sum(acc2, axis=0), axis=0), tl.sum(tl.sum(acc3, axis=0), axis=0))
 
 
 @triton.jit
-def _word_x(xp, kb, K: tl.constexpr):
-    """x at the 4 bytes of each word: xp [8, 8, 1] the pointers to x at byte 0 (16-byte aligned) -> 4 x [8, 8, 1]
+def _word_x(xp, kb, K: tl.constexpr, NB: tl.constexpr):
+    """x at the 4 bytes of each word: xp [8, NB, 1] the pointers to x at byte 0 (16-byte aligned) -> 4 x [8, NB, 1]
     float32, one 128-bit load each when K fills the padded row, else masked loads (the padded blocks past K, q = 0
     and d = 0, must not read past x)."""
     if K % 256 == 0:
         x0, x1, x2, x3 = ld4(xp.to(tl.pointer_type(tl.int32)))
         return (x0.to(tl.float32, bitcast=True), x1.to(tl.float32, bitcast=True), x2.to(tl.float32, bitcast=True),
                 x3.to(tl.float32, bitcast=True))
-    m = kb + tl.arange(0, 8)[None, :, None] < K // 32
+    m = kb + tl.arange(0, NB)[None, :, None] < K // 32
     return (tl.load(xp, mask=m, other=0.0), tl.load(xp + 1, mask=m, other=0.0), tl.load(xp + 2, mask=m, other=0.0),
             tl.load(xp + 3, mask=m, other=0.0))
 
 
 @triton.jit
-def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr):
-    """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [8, 8, BR] (bytes 0..3 of each word,
-    q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [8, 8, 1] the pointers to x at byte 0 of each word -> [8, 8, BR]."""
-    x0, x1, x2, x3 = _word_x(xp, kb, K)
+def _word_sums(v0, v1, v2, v3, xp, kb, K: tl.constexpr, NB: tl.constexpr):
+    """Sum over each word's 4 bytes of q * x, in units of 2^-15: v0..v3 [8, NB, BR] (bytes 0..3 of each word,
+    q * 2^-23 / 2^-15 / 2^-23 / 2^-15), xp [8, NB, 1] the pointers to x at byte 0 of each word -> [8, NB, BR]."""
+    x0, x1, x2, x3 = _word_x(xp, kb, K, NB)
     return (v0 * x0 + v2 * x2) * 256.0 + (v1 * x1 + v3 * x3)
 
 
 @triton.jit
-def _word_fma(acc, p0, p1, p2, p3, xp, kb, K: tl.constexpr):
-    """acc [8, 8, BR] + the sum over each word's 4 bytes of (d * q) * x: p0..p3 the values d * q of bytes 0..3 of
+def _word_fma(acc, p0, p1, p2, p3, xp, kb, K: tl.constexpr, NB: tl.constexpr):
+    """acc [8, NB, BR] + the sum over each word's 4 bytes of (d * q) * x: p0..p3 the values d * q of bytes 0..3 of
     each word, xp as in _word_sums."""
-    x0, x1, x2, x3 = _word_x(xp, kb, K)
+    x0, x1, x2, x3 = _word_x(xp, kb, K, NB)
     return acc + p0 * x0 + p1 * x1 + p2 * x2 + p3 * x3
 
 
@@ -263,11 +275,12 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
-def launch_fields(config: tuple) -> tuple[int, int, int, bool]:
-    """A launch config (rows per program, warps[, min programs[, prefetch]]), as in ROWS_CONFIG -> all four fields,
-    the missing ones at their defaults (MIN_PROGRAMS, no prefetch)."""
+def launch_fields(config: tuple) -> tuple[int, int, int, bool, int]:
+    """A launch config (rows per program, warps[, min programs[, prefetch[, blocks per tile]]]), as in ROWS_CONFIG ->
+    all five fields, the missing ones at their defaults (MIN_PROGRAMS, no prefetch, NB_STEP blocks per tile)."""
     br, warps, *rest = config
-    return br, warps, rest[0] if rest else MIN_PROGRAMS, bool(rest[1]) if len(rest) > 1 else False
+    return (br, warps, rest[0] if rest else MIN_PROGRAMS, bool(rest[1]) if len(rest) > 1 else False,
+            rest[2] if len(rest) > 2 else NB_STEP)
 
 
 def rows_config(T: int, N: int, K: int) -> tuple:
@@ -350,9 +363,11 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     for t0 in range(0, T, LAUNCH_T):
         tp = min(LAUNCH_T, T - t0)
-        br, warps, min_programs, pf = launch_fields(config or rows_config(tp, N, K))
+        br, warps, min_programs, pf, nb = launch_fields(config or rows_config(tp, N, K))
         if not 1 <= min_programs <= COUNTER_SLOTS:
             raise ValueError(f"q8_matmul: min programs {min_programs} outside 1..{COUNTER_SLOTS}")
+        if nb not in (2, 4, 8):
+            raise ValueError(f"q8_matmul: blocks per tile {nb} not 2, 4 or 8")
         if groups > 1 and rows_per_group % br:
             raise ValueError(f"q8_matmul: rows per group {rows_per_group} must be a multiple of the row tile {br}")
         tiles, steps_total, splits = row_launch(N, K, br, min_programs)
@@ -360,7 +375,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         part = o if splits == 1 else torch.empty(splits, tp, N, dtype=torch.float32, device=x.device)
         _q8_rows[(tiles, splits)](x[t0:t0 + tp], quants, scales, o, part, _counters(x.device), N, rows_per_group,
                                   ONE_BITS, K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=tp, PF=pf,
-                                  num_warps=warps, **pdl_launch(x.device))
+                                  NB=nb, num_warps=warps, **pdl_launch(x.device))
     return out
 
 
