@@ -97,16 +97,19 @@ SINGLE_SWEEP = ((16, 2, None, False), (32, 2, None, False), (8, 2, None, False),
                 (16, 4, None, True), (16, 8, None, False), (32, 4, None, True), (32, 8, None, False),
                 (32, 8, None, True), (64, 8, None, False))
 # (rows per program, warps[, min programs: K is split until there are that many[, prefetch: the next step's words
-# loaded during this one]]) of the Q8_0 kernel, by T
+# loaded during this one[, blocks per tile: a step of 8 blocks as 8 / NB sub-steps]]]) of the Q8_0 kernel, by T. The NB
+# = 2 / 4 entries (sm_90, scripts/sass_report.py): fewer registers at the same weight words per thread (T = 3 (32, 4,
+# 528, 1, 4) 110 against the default's 128 without prefetch), so the prefetch fits at T = 2..4
 Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056, 1), (16, 4, 1056, 1),
                 (32, 4, 1056, 1), (16, 4, 528, 1), (16, 8, 1056, 1), (32, 4, 528, 1), (32, 4), (16, 4, 528),
-                (16, 4, 2112)),
+                (16, 4, 2112), (32, 4, 528, 1, 4), (64, 8, 528, 1, 4), (128, 4, 528, 1, 2)),
             2: ((32, 2, 528), (16, 2, 528), (32, 2, 1056), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
-                (16, 4, 528)),
+                (16, 4, 528), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (64, 4, 528, 1, 4), (128, 8, 528, 1, 2)),
             3: ((16, 2, 528), (32, 2, 528), (16, 2, 1056), (16, 4, 528, 1), (16, 4, 1056, 1), (32, 4, 528, 1),
-                (32, 4, 528)),
+                (32, 4, 528), (32, 4, 528, 1, 4), (32, 4, 528, 0, 4), (64, 4, 528, 1, 2), (32, 4, 528, 1, 2),
+                (64, 8, 528, 1, 2)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
-                (32, 4, 1056))}
+                (32, 4, 1056), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (128, 8, 528, 1, 2), (32, 2, 528, 1, 2))}
 SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
