@@ -104,7 +104,7 @@ def split_x(x: torch.Tensor, KP: int, TP: int) -> tuple[torch.Tensor, torch.Tens
     s = torch.exp2(-e)
     xs = torch.zeros(TP, KP, device=x.device)
     xs[:T, :K] = x * s[:, None]
-    hi, lo = split_parts(xs, torch.float16)
+    hi, lo = split_parts(xs)
     inv = torch.ones(TP, device=x.device)
     inv[:T] = 1 / s
     return hi, lo, inv

@@ -205,7 +205,7 @@ def test_split_f16_kernel_equals_the_torch_split():
     g = torch.Generator().manual_seed(43)
     x = torch.randn(3, 5000, generator=g) * torch.logspace(-8, 4, 5000)
     hi, lo = split_f16_triton(x.to(DEVICE))
-    want_hi, want_lo = split_parts(x, torch.float16)                  # on the CPU: the torch split
+    want_hi, want_lo = split_parts(x)                                  # on the CPU: the torch split
     assert torch.equal(hi.cpu().view(torch.int16), want_hi.view(torch.int16))
     assert torch.equal(lo.cpu().view(torch.int16), want_lo.view(torch.int16))
 

@@ -103,7 +103,9 @@ class MTPDrafter:
         drafts, copied = [], False
         while True:
             top = torch.topk(logits, 2)
-            tok, gap = int(top.indices[0]), float(top.values[0] - top.values[1])
+            # the top-1 minus top-2 gap (in the logits' float32) and the token in one host read: float64 holds both
+            gap, tok = torch.stack([(top.values[0] - top.values[1]).double(), top.indices[0].double()]).tolist()
+            tok = int(tok)
             if gap < margin:
                 break
             drafts.append((tok, gap))

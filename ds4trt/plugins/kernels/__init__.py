@@ -18,7 +18,7 @@
     rows_triton.kv_row_triton     the raw KV row of a short step (model/attention.py kv_row), T <= 16
     rows_triton.compress_emit_triton  a compressor's rows of a short step (model/attention.py emit_rows), T <= 16
     commit_triton.CommitPlan      a step's accepted cache rows written in one launch (runtime/cache.py CacheState.write)
-    parts.split_parts             float32 operands as float16 / bfloat16 hi + lo parts (prefill tensor-core inputs)
+    parts.split_parts             float32 operands as float16 hi + lo parts (prefill tensor-core inputs)
 
 Triton is not a package dependency: these modules import it at import time, so import them only where
 Triton is installed (the GPU image). Both run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)

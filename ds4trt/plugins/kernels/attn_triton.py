@@ -260,7 +260,7 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q)
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
-    _attend_long[grid](*split_parts(q.contiguous(), torch.float16), *split_parts(k.contiguous(), torch.float16),
+    _attend_long[grid](*split_parts(q.contiguous()), *split_parts(k.contiguous()),
                        mask.contiguous().view(torch.uint8), sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D,
                        BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages)
     return o
@@ -328,8 +328,8 @@ def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q)
     grid = (T, H // hb, D // dv)
-    _attend_top[grid](*split_parts(q.contiguous(), torch.float16), *split_parts(raw.contiguous(), torch.float16),
-                      raw_mask.contiguous().view(torch.uint8), *split_parts(comp.contiguous(), torch.float16),
+    _attend_top[grid](*split_parts(q.contiguous()), *split_parts(raw.contiguous()),
+                      raw_mask.contiguous().view(torch.uint8), *split_parts(comp.contiguous()),
                       top.contiguous(), top_vis.contiguous().view(torch.uint8), sinks.float().contiguous(), o,
                       D ** -0.5, KR, H=H, D=D, NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
                       num_stages=stages)

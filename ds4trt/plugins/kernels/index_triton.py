@@ -116,7 +116,7 @@ def index_score_long_triton(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor
     out = torch.empty(T, K, dtype=torch.float32, device=q.device)
     if T and K:
         _index_score_long[(triton.cdiv(K, bn), triton.cdiv(T, tb))](
-            w.contiguous(), *split_parts(q.contiguous(), torch.float16), *split_parts(keys.contiguous(), torch.float16),
+            w.contiguous(), *split_parts(q.contiguous()), *split_parts(keys.contiguous()),
             out, T, K, NH,
             NHP=max(16, triton.next_power_of_2(NH)), DI=DI, BN=bn, TB=tb, num_warps=warps)
     return out

@@ -1,8 +1,7 @@
-"""float32 operands as two 16-bit parts for the tensor cores: a = hi + lo, and a product of two such operands as the
-three products hi*hi + lo*hi + hi*lo accumulated in float32 (the lo*lo term is left out).
-  float16 parts: a to ~2^-22 |a| (~2e-7 relative products, like float32 FMA) for |a| < 65504; the prefill
-      kernels' operands (attn_triton.attend_long_triton, index_triton.index_score_long_triton).
-  bfloat16 parts: a to ~2^-17 |a| over float32's whole range.
+"""float32 operands as two float16 parts for the tensor cores: a = hi + lo to ~2^-22 |a| for |a| < 65504, and a
+product of two such operands as the three products hi*hi + lo*hi + hi*lo accumulated in float32 (the lo*lo term is
+left out): ~2e-7 relative products, like float32 FMA. The prefill kernels' operands (attn_triton.attend_long_triton,
+attend_top_triton, index_triton.index_score_long_triton).
 On a GPU the float16 split is one Triton kernel (split_f16_triton: one pass; PyTorch's four passes over a prefill
 chunk's queries, [256, 64, 512] per attention call, cost more than the split needs)."""
 
@@ -26,7 +25,7 @@ def _split_f16(a_ptr, hi_ptr, lo_ptr, n, B: tl.constexpr):
 
 
 def split_f16_triton(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """split_parts(a, torch.float16) in one kernel, bit for bit (a float32, contiguous)."""
+    """split_parts(a) in one kernel, bit for bit (a float32, contiguous)."""
     if a.dtype != torch.float32 or not a.is_contiguous():
         raise ValueError(f"split_f16_triton: expected a contiguous float32 tensor, got {a.dtype} {list(a.shape)}")
     hi, lo = torch.empty_like(a, dtype=torch.float16), torch.empty_like(a, dtype=torch.float16)
@@ -35,11 +34,10 @@ def split_f16_triton(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def split_parts(a: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 a -> (hi, lo) of dtype (torch.float16 or torch.bfloat16) with a = hi + lo to the precision above (hi
-    rounded to nearest even; for float16, lo is subnormal where |a| < ~0.1: coarser in relative terms there, a small
-    absolute error)."""
-    if dtype == torch.float16 and a.is_cuda and a.is_contiguous():
+def split_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 a -> float16 (hi, lo) with a = hi + lo to the precision above (hi rounded to nearest even; lo is
+    subnormal where |a| < ~0.1: coarser in relative terms there, a small absolute error)."""
+    if a.is_cuda and a.is_contiguous():
         return split_f16_triton(a)
-    hi = a.to(dtype)
-    return hi, (a - hi.float()).to(dtype)
+    hi = a.to(torch.float16)
+    return hi, (a - hi.float()).to(torch.float16)
