@@ -45,8 +45,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moe", nargs="*", type=shape, default=None, help="one-pair MoE shapes rows:warps:prefetch(0|1)")
     ap.add_argument("--q8", nargs="*", type=q8_shape, default=None,
-                    help="Q8_0 shapes rows:warps[:min programs[:prefetch[:blocks per tile]]] (default: rows_config's at each "
-                         "--q8-t)")
+                    help="Q8_0 shapes rows:warps[:min programs[:prefetch[:blocks per tile]]] (default: "
+                         "rows_config's at each --q8-t)")
     ap.add_argument("--q8-t", nargs="*", type=int, default=[1], help="Q8_0 rows of x per launch, 1..4 (default 1)")
     ap.add_argument("--topk-warps", nargs="*", type=int, default=[8], help="top_rows' warps (default 8)")
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
