@@ -35,6 +35,7 @@ from triton_env import DEVICE, GPU, HAVE_TRITON, INTERP  # noqa: I001 - first: i
 from ds4trt.plugins import moe as moe_op
 from ds4trt.testing.tiny_gguf import random_quant
 from moe_cases import random_moe_inputs
+from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 
 if GPU or INTERP:
     from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
@@ -362,10 +363,10 @@ def test_moe_with_the_shared_experts_down(mix):
     v, ids, w, blocks = _small_case(types, seed=_seed("shared", mix), T=1, D=D, F=F, k=k)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     rng = np.random.default_rng(_seed("shared q8", mix))
-    wb = torch.from_numpy(_random_q8_0(rng, D, F, 1 / F ** 0.5)).to(DEVICE)
+    wb = torch.from_numpy(random_q8_0(rng, D, F, 1 / F ** 0.5)).to(DEVICE)
     shared = (torch.from_numpy(rng.standard_normal((1, F)).astype(np.float32)).to(DEVICE),
               *q8_triton.split_q8(wb, D, F))
-    sh64 = shared[0].double() @ _q8_float64(wb, F).T
+    sh64 = shared[0].double() @ q8_float64(wb, F).T
     ws = moe_triton.MoEWorkspace.create(1, k, D, F, DEVICE, shared=True)
     ws.h.fill_(float("nan"))
     ws.y.fill_(float("nan"))
@@ -381,34 +382,17 @@ def test_moe_with_the_shared_experts_down(mix):
                                *types, CLAMP, shared=shared)
     with pytest.raises(ValueError, match=r"split_q8 arrays of the down \[%d, %d\]" % (D, F)):
         moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, shared=(shared[0], *q8_triton.split_q8(
-            torch.from_numpy(_random_q8_0(rng, F, D, 0.1)).to(DEVICE), F, D)))
+            torch.from_numpy(random_q8_0(rng, F, D, 0.1)).to(DEVICE), F, D)))
 
 
 # ---------------------------------------------------------------------------------------------------
 # Q8_0
 
-def _random_q8_0(rng, N, K, std):
-    """uint8 [N, K/32*34]: f16 scales d ~ std/73 * U(0.75, 1.25) (never zero), int8 quants U[-127, 127]."""
-    nb = N * K // 32
-    d = (std / 73.3 * rng.uniform(0.75, 1.25, (nb, 1))).astype(np.float16).view(np.uint8)
-    q = rng.integers(-127, 128, (nb, 32), dtype=np.int8).view(np.uint8)
-    return np.concatenate([d, q], axis=1).reshape(N, K // 32 * 34)
-
-
-def _q8_float64(wb: torch.Tensor, K: int) -> torch.Tensor:
-    """Q8_0 bytes [N, K/32*34] on the device -> float64 [N, K]: d * q, the block formula, computed on the
-    device (gguf.quants would take seconds for the LM head; _q8_check compares the two on a slice)."""
-    blocks = wb.view(wb.shape[0], K // 32, 34)
-    d = blocks[..., :2].contiguous().view(torch.float16).double()
-    q = blocks[..., 2:].contiguous().view(torch.int8).double()
-    return (d * q).reshape(wb.shape[0], K)
-
-
 def _q8_check(Ts, N, K, groups, seed, config=None):
     rng = np.random.default_rng(seed)
-    wb = _random_q8_0(rng, N, K, 1 / K ** 0.5)
+    wb = random_q8_0(rng, N, K, 1 / K ** 0.5)
     wb_dev = torch.from_numpy(wb).to(DEVICE)
-    wd = _q8_float64(wb_dev, K)
+    wd = q8_float64(wb_dev, K)
     assert torch.equal(wd[:64].cpu(), torch.from_numpy(_deq(wb[:64], Q8_0)).double())   # the formula is gguf's
     rpg = N // groups
     quants, scales = q8_triton.split_q8(wb_dev, N, K)
@@ -421,10 +405,6 @@ def _q8_check(Ts, N, K, groups, seed, config=None):
         assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         err = _rel(got, ref)
         assert err <= TOL, f"T = {T}, N = {N}, K = {K}, groups = {groups}: relative error {err:.3g}"
-
-
-# (N, K, groups): a row count that leaves a partial row tile, K that leaves a partial 8-block step, groups
-Q8_SMALL = [(50, 320, 1), (64, 256, 2), (24, 1056, 1), (40, 4096, 1)]   # the last: T = 1 splits K 16 ways
 
 
 @pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
@@ -453,7 +433,7 @@ def test_q8_reads_a_misaligned_x():
     aligned copy (_q8_rows reads x by 16-byte loads; q8_matmul copies such an x first)."""
     rng = np.random.default_rng(_seed("q8 misaligned"))
     N, K = 64, 512
-    quants, scales = q8_triton.split_q8(torch.from_numpy(_random_q8_0(rng, N, K, 1 / K ** 0.5)).to(DEVICE), N, K)
+    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).to(DEVICE), N, K)
     flat = torch.from_numpy(rng.standard_normal(2 * K + 1).astype(np.float32)).to(DEVICE)
     x = flat[1:].view(2, K)
     assert x.data_ptr() % 16 == 4
@@ -479,10 +459,6 @@ def test_q8_launch_by_weight_size():
     assert q8_triton.rows_config(T, 2048, 4096) == q8_triton.ROWS_CONFIG[T]            # the shared expert's
     assert q8_triton.rows_config(T + 1, lo // 1024, 1024) == q8_triton.ROWS_CONFIG[T + 1]
     _q8_check((T,), 64, 512, 1, seed=_seed("q8 size config"), config=config)
-
-
-# Flash projections: attn_q_a, attn_q_b, attn_kv, attn_output_a (8 groups), attn_output_b, shared down
-Q8_FLASH = [(1024, 4096, 1), (32768, 1024, 1), (512, 4096, 1), (8192, 4096, 8), (4096, 8192, 1), (4096, 2048, 1)]
 
 
 @gpu_only
