@@ -339,6 +339,20 @@ def test_demo_speculative_compiled_equals_greedy():
     _speculative_equals_greedy(demo, "float", 3, DEMO_PROMPTS[:3])
 
 
+@gpu_only
+def test_tensor_core_q8_decodes_the_cpu_tokens(monkeypatch):
+    """DS4_Q8_MMA=1: every Q8_0 product of up to 16 rows on q8_mma's tensor-core kernel (decode, verify, draft steps
+    and short prefill chunks, graphs on): the demo model's greedy tokens are the CPU reference's, and speculative
+    decoding (3 drafts, float numerics) gives its own greedy tokens and caches."""
+    monkeypatch.setenv("DS4_Q8_MMA", "1")
+    cpu = Engine.open(MODELS / "demo.gguf")
+    demo = cuda.open_engine(MODELS / "demo.gguf", MODELS / "demo-mtp.gguf")
+    for text in DEMO_PROMPTS[:2]:
+        assert _greedy_text(demo, text, 48) == _greedy_text(cpu, text, 48), text
+    demo = cuda.open_engine(MODELS / "demo.gguf", MODELS / "demo-mtp.gguf", numerics="float")
+    _speculative_equals_greedy(demo, "float", 3, DEMO_PROMPTS[:3])
+
+
 def _speculative_equals_greedy(demo, numerics: str, n_draft: int, prompts) -> None:
     kept = set()
     for text in prompts:

@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ds4trt.plugins.kernels import q8_mma
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from ds4trt.plugins.kernels.wide_load import ld4
 
@@ -341,7 +342,8 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
-    programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps)."""
+    programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps).
+    With DS4_Q8_MMA=1 and no config, CUDA calls go to the tensor-core kernel instead (q8_mma.q8_mma_matmul)."""
     N, KP = quants.shape
     if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
             or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
@@ -352,6 +354,8 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
         raise ValueError(f"q8_matmul x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
     if quants.device != x.device or scales.device != x.device:
         raise ValueError("q8_matmul: x and the weight are on different devices")
+    if config is None and q8_mma.use_mma(x, N, groups):           # opt-in (DS4_Q8_MMA=1) until measured on a GPU
+        return q8_mma.q8_mma_matmul(x, quants, scales, K, groups, out=out)
     T = x.shape[0]
     rows_per_group = N // groups
     x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()

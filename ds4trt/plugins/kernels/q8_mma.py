@@ -1,0 +1,201 @@
+"""Q8_0 matrix products on the tensor cores (q8_mma.cu, CUDA C++ compiled at run time by NVRTC) for T = 1..16 rows
+of x: the same contract as q8_triton.q8_matmul, on split_q8's arrays.
+
+    q8_mma_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None, config=None) -> out [T, N] float32
+    compile_cubin(arch, nt, mt, warps, pf, ptxas_verbose=False) -> (cubin bytes, NVRTC log)    # no GPU needed
+
+Why: _q8_rows (q8_triton) multiplies on the FMA units, 4 FFMA per weight word and row of x on top of each word's
+decode, so at T >= 2 it is bound by instruction issue rather than by the weight bytes (BENCHMARKS.md: attn_q_b 11.8 us
+at T = 1, 21.1 at T = 3, against a floor of 8.3; the verify step of 2 drafts spends 4.6 ms in it against 2.4 at T =
+1). Here one mma.sync.m16n8k16 does 16 rows x 16 values x 8 rows of x, so a word costs 2 byte permutes and 2 packed
+subtractions whatever T is (up to 8; 16 with two x tiles), and the weights reach the fragments as they were loaded
+(q8_mma.cu's header has the layout). Numerics: the products are exact (q x float16 parts of x / s), summed in float32
+by the tensor cores and the block scales applied in float32: ~1e-6 relative, inside the 1e-5 of the float32 kernels.
+
+Not yet measured on a GPU (no device was lent when it was written): q8_triton.q8_matmul takes it only with
+DS4_Q8_MMA=1 (`use_mma`), so that the graphs keep the measured kernel until bench_kernels' case q8_mma has timed both.
+Launches go through the CUDA driver (cuda.bindings) on PyTorch's current stream, so CUDA graphs capture them, with
+programmatic dependent launch where pdl.py uses it. Triton is imported only by the launching functions (q8_triton's
+layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is installed (the offline check).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("q8_mma.cu")
+MAX_T = 16                   # two x tiles of 8 rows
+SPAN = 256                   # values of a span: split_q8's 8 interleaved blocks (q8_triton.SPAN, q8_mma.cu's SPAN)
+MAX_SPANS = 4                # spans of 256 values a program converts into shared memory (K is split to reach it)
+HI_BYTES = 0x64646464       # the kernel's last argument (q8_mma.cu says why it is not a literal there)
+# (warps, 16-row tiles per warp, prefetch, min programs): the launch of every call until a GPU sweep sets better ones.
+# Offline for sm_90 (python3 scripts/sass_report.py --q8-t 1 3 --q8-mma 1:2:4:0 2:2:4:0): 125 registers, 539 SASS
+# instructions a span (a lane's 256 weight bytes: 2.1 a byte at any T <= 8, 2.6 with two x tiles: 171 registers,
+# 659), where _q8_rows' loop step takes 333 for 64 bytes at T = 1 (5.2 a byte) and 277 for 32 at T = 3 (8.7);
+# with prefetch (1:2:4:1) 250 registers; 4 tiles a warp 255.
+CONFIG = (4, 2, False, 528)
+# the launches bench_kernels' case q8_mma times against CONFIG (each compiles for sm_90 without spills at NT = 1, 2;
+# (8, 1, False, ...) does not: ptxas gives it 80 registers and a 16-byte stack frame)
+SWEEP = ((4, 1, False, 528), (4, 1, True, 528), (8, 2, False, 528), (2, 2, False, 528), (4, 2, False, 264),
+         (4, 2, False, 1056), (4, 1, False, 1056))
+
+
+def use_mma(x: torch.Tensor, N: int, groups: int) -> bool:
+    """Whether q8_matmul sends x's rows here (off by default: not measured): DS4_Q8_MMA=1, a CUDA tensor, T <= MAX_T,
+    and groups of whole 16-row tiles."""
+    return os.environ.get("DS4_Q8_MMA") == "1" and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
+
+
+def launch_config(N: int, groups: int) -> tuple:
+    """CONFIG, its row tile (warps x tiles x 16 rows) halved, tiles first, until it divides a group's rows."""
+    warps, mt, pf, min_programs = CONFIG
+    while groups > 1 and (N // groups) % (warps * mt * 16):
+        if warps * mt == 1:
+            raise ValueError(f"q8_mma_matmul: {N // groups} rows per group is not a multiple of 16")
+        mt, warps = (mt // 2, warps) if mt > 1 else (mt, warps // 2)
+    return warps, mt, pf, min_programs
+
+
+def compile_cubin(arch: str, nt: int, mt: int, warps: int, pf: bool,
+                  ptxas_verbose: bool = False) -> tuple[bytes, str]:
+    """q8_mma.cu for arch ("sm_90") with NT = nt x tiles, MT = mt row tiles per warp, `warps` warps and PF = pf ->
+    (cubin, NVRTC's log; with ptxas_verbose it holds ptxas' registers / spills line). Raises RuntimeError with the
+    log."""
+    from cuda.bindings import nvrtc
+
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", f"-DNT={nt}", f"-DMT={mt}", f"-DWARPS={warps}",
+            f"-DPF={int(pf)}"]
+    if ptxas_verbose:
+        opts.append("--ptxas-options=-v")
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log = log.rstrip(b"\x00 ").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"q8_mma: NVRTC could not compile {SOURCE.name} for {arch} ({opts}):\n{log}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _check(err, what: str) -> None:
+    if int(err) != 0:
+        raise RuntimeError(f"q8_mma: {what} failed: {err!r}")
+
+
+def smem_bytes(nt: int, spans: int) -> int:
+    """Dynamic shared memory of a program: 8 * nt x rows of spans * 1024 + 64 bytes, their scales and a flag."""
+    return 8 * nt * (spans * 1024 + 64) + 8 * nt * 4 + 16
+
+
+@functools.cache
+def _function(device_index: int, nt: int, mt: int, warps: int, pf: bool):
+    """The kernel loaded into PyTorch's context of the device, its dynamic shared memory raised to what MAX_SPANS
+    needs. Not allowed during a CUDA graph capture: the backends run each step once before capturing it."""
+    from cuda.bindings import driver
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin, _ = compile_cubin(f"sm_{major}{minor}", nt, mt, warps, pf)
+    with torch.cuda.device(device_index):                             # PyTorch's primary context made current
+        err, module = driver.cuModuleLoadData(cubin)
+        _check(err, "cuModuleLoadData")
+        err, fn = driver.cuModuleGetFunction(module, b"q8_mma")
+        _check(err, "cuModuleGetFunction")
+        (err,) = driver.cuFuncSetAttribute(
+            fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes(nt, MAX_SPANS))
+        _check(err, "cuFuncSetAttribute")
+    return module, fn
+
+
+def mma_launch(N: int, K: int, rows: int, min_programs: int) -> tuple[int, int, int]:
+    """(row tiles, spans per program, K splits) for an [N, K] weight at `rows` rows per program: the fewest splits
+    (a divisor of the spans) leaving at most MAX_SPANS spans per program and at least min_programs programs, else
+    the most (one span each)."""
+    tiles, total = -(-N // rows), -(-K // SPAN)
+    ok = [s for s in range(1, total + 1) if total % s == 0 and total // s <= MAX_SPANS]
+    splits = next((s for s in ok if tiles * s >= min_programs), ok[-1])
+    return tiles, total // splits, splits
+
+
+def q8_mma_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int = 1, *,
+                  out: torch.Tensor | None = None, config: tuple | None = None) -> torch.Tensor:
+    """x: float32 [T, groups*K], 1 <= T <= 16, on a CUDA device; quants, scales: split_q8 of an [N, K] weight ->
+    [T, N] (written into `out` when given). config: (warps, row tiles per warp, prefetch, min programs), else
+    launch_config's."""
+    from ds4trt.plugins.kernels import q8_triton
+
+    N, KP = quants.shape
+    if K % q8_triton.QK or N % groups or KP != q8_triton.padded(K) or quants.dtype != torch.uint8 \
+            or scales.dtype != torch.float16 or scales.shape != (N, KP // q8_triton.QK):
+        raise ValueError(f"q8_mma_matmul: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
+                         f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "
+                         f"{list(scales.shape)}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= MAX_T:
+        raise ValueError(f"q8_mma_matmul x: expected float32 [1..{MAX_T}, {groups * K}], got {x.dtype} "
+                         f"{list(x.shape)}")
+    if not x.is_cuda or quants.device != x.device or scales.device != x.device:
+        raise ValueError("q8_mma_matmul: x and the weight must be on one CUDA device")
+    T = x.shape[0]
+    warps, mt, pf, min_programs = config or launch_config(N, groups)
+    rows = warps * mt * 16
+    if groups > 1 and (N // groups) % rows:
+        raise ValueError(f"q8_mma_matmul: rows per group {N // groups} must be a multiple of the row tile {rows}")
+    tiles, spans, splits = mma_launch(N, K, rows, min_programs)
+    if splits > 1 and tiles > q8_triton.COUNTER_SLOTS:
+        raise ValueError(f"q8_mma_matmul: {tiles} row tiles split {splits} ways, more than the "
+                         f"{q8_triton.COUNTER_SLOTS} arrival counters")
+    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
+    if x.data_ptr() % 16:                                         # the kernel reads x by 16-byte loads
+        x = x.clone()
+    if out is None:
+        out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"q8_mma_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
+    nt = 1 if T <= 8 else 2
+    _launch(x.device, (nt, mt, warps, bool(pf)), (tiles, splits), warps * 32, smem_bytes(nt, spans),
+            (x, quants, scales, out, part, q8_triton._counters(x.device)), (T, N, N // groups, K, KP, spans, splits),
+            HI_BYTES)
+    return out
+
+
+def _launch(device: torch.device, kernel: tuple, grid: tuple, threads: int, smem: int, tensors: tuple,
+            ints: tuple, word: int) -> None:
+    """kernel (nt, mt, warps, pf) on PyTorch's current stream of `device`: its arguments the tensors' addresses,
+    then the ints, then one unsigned word."""
+    from cuda.bindings import driver
+
+    from ds4trt.plugins.kernels.pdl import pdl_launch
+
+    _, fn = _function(device.index if device.index is not None else torch.cuda.current_device(), *kernel)
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid[0], grid[1], 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    if pdl_launch(device)["PDL"]:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs, cfg.numAttrs = [attr], 1
+    else:
+        cfg.numAttrs = 0
+    args = tuple(t.data_ptr() for t in tensors) + ints + (word,)
+    types = (ctypes.c_void_p,) * len(tensors) + (ctypes.c_int,) * len(ints) + (ctypes.c_uint,)
+    (err,) = driver.cuLaunchKernelEx(cfg, fn, (args, types), 0)
+    _check(err, "cuLaunchKernelEx")
