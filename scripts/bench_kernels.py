@@ -12,7 +12,8 @@ zeros; the kernels' time does not depend on the values):
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
       routing; a long call, timed eagerly);
-  2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `read`: a plain streaming read of each one's
+  2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `q8_mma`: the tensor-core kernel q8_mma and
+     _q8_rows side by side at T = 1..16, and the layer's sum for each; case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
      product, with the ramp and tail of one launch that the copy bandwidth's floor leaves out); the F16 products of
      a layer (router, compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one
@@ -76,6 +77,7 @@ from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
 from ds4trt.plugins.kernels import index_triton as I  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
+from ds4trt.plugins.kernels import q8_mma as QM  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 from ds4trt.plugins.kernels import topk_triton as TK  # noqa: E402
 
@@ -110,6 +112,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
                 (64, 8, 528, 1, 2)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (128, 8, 528, 1, 2), (32, 2, 528, 1, 2))}
+MMA_TS = (1, 2, 3, 4, 5, 8, 9, 16)   # rows of case q8_mma: decode, verify of 1..8 drafts, 16 (two x tiles)
 SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
 CLAMP = 10.0
 # Q8_0 tensors of one layer, (name, N rows, K inputs per row, groups), and the LM head
@@ -387,6 +390,45 @@ def bench_q8(bw: float, l2: int, results: list, sweeps: list | None) -> None:
                     sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
                         f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
                         kind="sweep_q8", tensor=name, config=list(cfg))))
+
+
+def bench_q8_mma(bw: float, l2: int, results: list, sweeps: list | None) -> None:
+    """The tensor-core Q8_0 kernel (q8_mma.q8_mma_matmul) against q8_matmul's _q8_rows on the same weights and x: a
+    layer's Q8_0 tensors and the LM head at MMA_TS rows; then each kernel's sum over the layer's tensors at each T
+    (what a step of T rows spends on them, 43 times) and q8_mma.SWEEP's launches at T = 1, 3, 9 (--sweep-t) on the
+    32 MB projections and the LM head."""
+    os.environ.pop("DS4_Q8_MMA", None)               # q8_matmul here is the Triton kernel
+    gen = torch.Generator(device=DEV).manual_seed(10)
+    layer = {}                                        # (kind, T) -> the layer's sum, us
+    for name, N, K, G in Q8_LAYER + [LM_HEAD]:
+        wbytes = N * K // 32 * 34
+        C = min(64, max(1, math.ceil(4 * l2 / wbytes)))
+        ws = [Q.split_q8(random_blocks(8, N, K, gen=gen), N, K) for _ in range(C)]
+        label = f"{name} {N}x{K}" + (f" ({G} groups)" if G > 1 else "")
+        for T in MMA_TS:
+            x = torch.randn(T, G * K, device=DEV, generator=gen)
+            out = torch.empty(T, N, device=DEV)
+            nbytes = wbytes + x.numel() * 4 + out.numel() * 4
+            for kind, matmul in (("q8", Q.q8_matmul), ("q8_mma", QM.q8_mma_matmul)):
+                def fn(x=x, out=out, ws=ws, K=K, G=G, matmul=matmul, config=None):
+                    for w in ws:
+                        matmul(x, *w, K, groups=G, out=out, config=config)
+
+                def run(fn=fn, C=C, T=T, nb=nbytes, kind=kind, name=name):
+                    row = case(f"{kind} {label}", T, nb, time_graph(fn, C), bw, kind=kind + "_vs", tensor=name)
+                    results.append(row)
+                    if name != LM_HEAD[0]:
+                        layer[kind, T] = layer.get((kind, T), 0.0) + row["time_us"]
+                guarded(f"{kind} {label} T={T}", results, run)
+                if kind == "q8_mma" and sweeps is not None and swept_t(T, T in (1, 3, 9)) and name in (
+                        "attn_q_b", "attn_output_a", "attn_output_b", "output"):
+                    for cfg in QM.SWEEP:
+                        sweeps.append(lambda cfg=cfg, fn=fn, C=C, T=T, nb=nbytes, name=name: results.append(case(
+                            f"  sweep config={cfg}", T, nb, time_graph(lambda: fn(config=cfg), C), bw,
+                            kind="sweep_q8_mma", tensor=name, config=list(cfg))))
+    for T in MMA_TS:
+        log(f"a layer's Q8_0 products at T = {T}: _q8_rows {layer.get(('q8', T), float('nan')):.1f} us, "
+            f"q8_mma {layer.get(('q8_mma', T), float('nan')):.1f} us")
 
 
 def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
@@ -676,7 +718,8 @@ def main() -> int:
     ap.add_argument("--cases",
                     default="moe,moe_long,q8,f16,attend,attend_long,attend_top,index,index_long,hc_long,topk,"
                             "compress,project,q4,q4_long",
-                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, read (streaming reads of the "
+                    help="comma-separated subset of: moe (q2), moe_long (q2 prefill), q8, q8_mma (the tensor-core "
+                         "Q8_0 kernel against q8, T = 1..16; not in the default list), read (streaming reads of the "
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), attend_top (prefill), index, "
                          "index_long (prefill), hc_long (prefill), topk, compress, project (prefill), q4 (moe), "
                          "q4_long (q4 prefill)")
@@ -702,6 +745,8 @@ def main() -> int:
         bench_moe_long("q2", bw, results, sweeps)
     if "q8" in cases:
         bench_q8(bw, l2, results, sweeps)
+    if "q8_mma" in cases:
+        bench_q8_mma(bw, l2, results, sweeps)
     if "read" in cases:
         bench_read(bw, l2, results)
     if "f16" in cases:

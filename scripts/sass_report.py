@@ -3,14 +3,17 @@
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long [--long-config C ...]]
-                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--dump DIR]
+                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--q8-mma NT:MT:WARPS:PF ...]
+                                   [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
-_attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches), and prints registers per
+_attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches; the tensor-core Q8_0 kernel
+q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches: its "loop" is one span of 256 values
+of each of the warp's rows, its shared memory that of MAX_SPANS spans), and prints registers per
 thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g.
 one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
 barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
@@ -54,6 +57,9 @@ def main() -> int:
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
+    ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
+                    help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
+                         "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
@@ -107,6 +113,16 @@ def main() -> int:
                 report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else "") + (f"_nb{nb}" if nb < 8
                                                                                                 else ""),
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf, nb=nb))
+    from ds4trt.plugins.kernels import q8_mma as QM
+    warps, mt, pf, _ = QM.CONFIG
+    for nt, mt_, warps_, pf_ in args.q8_mma or [(1, mt, warps, pf), (2, mt, warps, pf)]:
+        cubin, _ = QM.compile_cubin("sm_90", nt, mt_, warps_, bool(pf_))
+        label = f"q8_mma_nt{nt}_{mt_}x{warps_}" + ("_pf" if pf_ else "")
+        rows.append((label, sm90.cubin_stats(cubin, label, QM.smem_bytes(nt, QM.MAX_SPANS), innermost_mma=True)))
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, label + ".sass"), "w") as f:
+                f.write(sm90._cuobjdump(cubin, "-sass"))
     for keys, ks, ch in ((129, 4, 4), (2048, 8, 4)):     # attention's join: a window layer's decode, a verify of 4
         report(f"attend_join_{keys}", W.attend_join(keys, ks, ch))   # rows over their gathered top-k rows
     report("index_score_1025", W.index_score(1025))  # the indexer's scores of a decode step, 4096-token cache
