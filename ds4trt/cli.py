@@ -321,8 +321,10 @@ def run(argv: list[str] | None = None) -> int:
         _stats(len(ids), t_prefill, n, t, session, use_mtp)
         return 0
 
-    # interactive multi-turn chat: re-render the conversation, keep the common prefix of the cache
-    _warm_up(session, args, use_mtp)
+    # interactive multi-turn chat: re-render the conversation, keep the common prefix of the cache; each turn warms up
+    # the steps its reply can take (from the prompt's end to -n tokens later), so a long --ctx costs no up-front
+    # capture of every bound, and a turn that reaches a new bound or the indexer captures its graphs before it
+    # streams, not mid-reply
     conv = Conversation()
     if args.system:
         conv.append("system", args.system)
@@ -355,6 +357,7 @@ def run(argv: list[str] | None = None) -> int:
         session.prefill(ids[session.pos:])
         t_prefill = time.perf_counter() - t0
         start = session.pos
+        _warm_up(session, args, use_mtp, first=start, end=start + args.n_predict)
         n, t = _generate(session, args, sampler, use_mtp, out)
         out.write("\n")
         _stats(len(ids), t_prefill, n, t, session, use_mtp, computed=computed)

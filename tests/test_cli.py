@@ -527,6 +527,42 @@ def test_interactive_reuses_the_cache(n, tiny_gguf, engine, tok, capsys, monkeyp
         assert common == len(held)                 # these short replies do round-trip
 
 
+@pytest.mark.parametrize("warm", [True, False])
+def test_interactive_warms_up_each_turn(warm, tiny_gguf, tiny_mtp_gguf, capsys, monkeypatch):
+    """Each turn warms up the steps of its reply, from the position after its prompt to -n tokens later (with the
+    MTP drafts), after its prefill and before its first token; nothing before the first line is read, nothing with
+    --no-warm-up."""
+    events = []
+    real_prefill, real_eval = Session.prefill, Session.eval_speculative_argmax
+
+    def prefill(self, ids, *a, **k):
+        out = real_prefill(self, ids, *a, **k)
+        events.append(("prefill", self.pos))
+        return out
+
+    def warm_up(self, n_draft=0, first=0, end=None):
+        events.append(("warm_up", n_draft, first, end))
+        return 0
+
+    def decode(self, *a, **k):
+        events.append(("decode",))
+        return real_eval(self, *a, **k)
+    monkeypatch.setattr(Session, "prefill", prefill)
+    monkeypatch.setattr(Session, "warm_up", warm_up)
+    monkeypatch.setattr(Session, "eval_speculative_argmax", decode)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(USER_LINES) + "\n"))
+    code, _, err = cli_run(["--gguf", tiny_gguf, "--mtp", tiny_mtp_gguf, "-n", 5, *MTP_FLAGS,
+                            *([] if warm else ["--no-warm-up"])], capsys)
+    assert code == 0, err
+    assert events[0][0] == "prefill"
+    warms = [i for i, e in enumerate(events) if e[0] == "warm_up"]
+    assert len(warms) == (2 if warm else 0)
+    for i in warms:                       # right after the turn's (last) prefill, right before its first token
+        pos = events[i - 1][1]
+        assert events[i - 1][0] == "prefill" and events[i + 1] == ("decode",)
+        assert events[i] == ("warm_up", MTP_FLAGS[MTP_FLAGS.index("--mtp-draft") + 1], pos, pos + 5)
+
+
 def test_interactive_with_mtp_is_greedy(tiny_gguf, tiny_mtp_gguf, engine, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(USER_LINES) + "\n"))
     code, out, err = cli_run(["--gguf", tiny_gguf, "--mtp", tiny_mtp_gguf, "-n", 8, *MTP_FLAGS], capsys)
