@@ -2,6 +2,7 @@
 of x: the same contract as q8_triton.q8_matmul, on split_q8's arrays.
 
     q8_mma_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None, config=None) -> out [T, N] float32
+    launch(x, quants, scales, K, groups, out, config=None) -> out    # arguments q8_triton.call_operands checked
     compile_cubin(arch, nt, mt, warps, pf, ptxas_verbose=False) -> (cubin bytes, NVRTC log)    # no GPU needed
 
 Why: _q8_rows (q8_triton) multiplies on the FMA units, 4 FFMA per weight word and row of x on top of each word's
@@ -34,10 +35,10 @@ SPAN = 256                   # values of a span: split_q8's 8 interleaved blocks
 MAX_SPANS = 4                # spans of 256 values a program converts into shared memory (K is split to reach it)
 HI_BYTES = 0x64646464       # the kernel's last argument (q8_mma.cu says why it is not a literal there)
 # (warps, 16-row tiles per warp, prefetch, min programs): the launch of every call until a GPU sweep sets better ones.
-# Offline for sm_90 (python3 scripts/sass_report.py --q8-t 1 3 --q8-mma 1:2:4:0 2:2:4:0): 125 registers, 539 SASS
-# instructions a span (a lane's 256 weight bytes: 2.1 a byte at any T <= 8, 2.6 with two x tiles: 171 registers,
-# 659), where _q8_rows' loop step takes 333 for 64 bytes at T = 1 (5.2 a byte) and 277 for 32 at T = 3 (8.7);
-# with prefetch (1:2:4:1) 250 registers; 4 tiles a warp 255.
+# Offline for sm_90 (python3 scripts/sass_report.py --q8-t 1 3 --q8-mma 1:2:4:0 2:2:4:0 1:2:4:1 1:4:4:0): 125
+# registers, 539 SASS instructions a span (a lane's 256 weight bytes: 2.1 a byte at any T <= 8, 2.6 with two x tiles:
+# 171 registers, 659), where _q8_rows' loop step takes 333 for 64 bytes at T = 1 (5.2 a byte) and 277 for 32 at T = 3
+# (8.7); with prefetch (1:2:4:1) 250 registers; 4 tiles a warp (1:4:4:0) 255 and spills.
 CONFIG = (4, 2, False, 528)
 # the launches bench_kernels' case q8_mma times against CONFIG (each compiles for sm_90 without spills at NT = 1, 2;
 # (8, 1, False, ...) does not: ptxas gives it 80 registers and a 16-byte stack frame)
@@ -138,18 +139,19 @@ def q8_mma_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K
     launch_config's."""
     from ds4trt.plugins.kernels import q8_triton
 
-    N, KP = quants.shape
-    if K % q8_triton.QK or N % groups or KP != q8_triton.padded(K) or quants.dtype != torch.uint8 \
-            or scales.dtype != torch.float16 or scales.shape != (N, KP // q8_triton.QK):
-        raise ValueError(f"q8_mma_matmul: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
-                         f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "
-                         f"{list(scales.shape)}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= MAX_T:
-        raise ValueError(f"q8_mma_matmul x: expected float32 [1..{MAX_T}, {groups * K}], got {x.dtype} "
-                         f"{list(x.shape)}")
-    if not x.is_cuda or quants.device != x.device or scales.device != x.device:
+    if not x.is_cuda:
         raise ValueError("q8_mma_matmul: x and the weight must be on one CUDA device")
-    T = x.shape[0]
+    x, quants, scales, out = q8_triton.call_operands("q8_mma_matmul", x, quants, scales, K, groups, out)
+    return launch(x, quants, scales, K, groups, out, config)
+
+
+def launch(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int, out: torch.Tensor,
+           config: tuple | None = None) -> torch.Tensor:
+    """q8_mma_matmul on arguments q8_triton.call_operands has checked and made ready (x [T, G*K] contiguous on a
+    CUDA device at a 16-byte boundary, out [T, N]) -> out."""
+    from ds4trt.plugins.kernels import q8_triton
+
+    (T, N), KP = out.shape, quants.shape[1]
     warps, mt, pf, min_programs = config or launch_config(N, groups)
     rows = warps * mt * 16
     if groups > 1 and (N // groups) % rows:
@@ -158,14 +160,6 @@ def q8_mma_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K
     if splits > 1 and tiles > q8_triton.COUNTER_SLOTS:
         raise ValueError(f"q8_mma_matmul: {tiles} row tiles split {splits} ways, more than the "
                          f"{q8_triton.COUNTER_SLOTS} arrival counters")
-    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
-    if x.data_ptr() % 16:                                         # the kernel reads x by 16-byte loads
-        x = x.clone()
-    if out is None:
-        out = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"q8_mma_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} "
-                         f"{list(out.shape)}")
     part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
     nt = 1 if T <= 8 else 2
     _launch(x.device, (nt, mt, warps, bool(pf)), (tiles, splits), warps * 32, smem_bytes(nt, spans),

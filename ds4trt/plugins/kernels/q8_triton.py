@@ -343,28 +343,12 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
     programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps).
-    With DS4_Q8_MMA=1 and no config, CUDA calls go to the tensor-core kernel instead (q8_mma.q8_mma_matmul)."""
-    N, KP = quants.shape
-    if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
-            or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
-        raise ValueError(f"q8_matmul: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
-                         f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "
-                         f"{list(scales.shape)}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
-        raise ValueError(f"q8_matmul x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
-    if quants.device != x.device or scales.device != x.device:
-        raise ValueError("q8_matmul: x and the weight are on different devices")
-    if config is None and q8_mma.use_mma(x, N, groups):           # opt-in (DS4_Q8_MMA=1) until measured on a GPU
-        return q8_mma.q8_mma_matmul(x, quants, scales, K, groups, out=out)
-    T = x.shape[0]
+    With DS4_Q8_MMA=1 and no config, CUDA calls go to the tensor-core kernel instead (q8_mma.launch)."""
+    x, quants, scales, out = call_operands("q8_matmul", x, quants, scales, K, groups, out)
+    if config is None and q8_mma.use_mma(x, quants.shape[0], groups):   # opt-in (DS4_Q8_MMA=1) until measured
+        return q8_mma.launch(x, quants, scales, K, groups, out)
+    T, N = out.shape
     rows_per_group = N // groups
-    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
-    if x.data_ptr() % 16:                   # _q8_rows reads x by 16-byte loads
-        x = x.clone()
-    if out is None:
-        out = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"q8_matmul out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
     for t0 in range(0, T, LAUNCH_T):
         tp = min(LAUNCH_T, T - t0)
         br, warps, min_programs, pf, nb = launch_fields(config or rows_config(tp, N, K))
@@ -381,6 +365,32 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
                                   ONE_BITS, K=K, BR=br, STEPS=steps_total // splits, SPLITS=splits, TP=tp, PF=pf,
                                   NB=nb, num_warps=warps, **pdl_launch(x.device))
     return out
+
+
+def call_operands(what: str, x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int,
+                  out: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The checks of a Q8_0 product's arguments (q8_matmul, q8_mma.q8_mma_matmul; `what` names the caller in the
+    errors) -> x contiguous at a 16-byte boundary (both kernels read it by 16-byte loads), quants and scales
+    contiguous, and out [T, N] float32 (made when None)."""
+    N, KP = quants.shape
+    if K % QK or N % groups or KP != padded(K) or quants.dtype != torch.uint8 \
+            or scales.dtype != torch.float16 or scales.shape != (N, KP // QK):
+        raise ValueError(f"{what}: expected split_q8 arrays of an [N, {K}] weight (N a multiple of groups = "
+                         f"{groups}), got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} "
+                         f"{list(scales.shape)}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != groups * K or not 1 <= x.shape[0] <= 16:
+        raise ValueError(f"{what} x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
+    if quants.device != x.device or scales.device != x.device:
+        raise ValueError(f"{what}: x and the weight are on different devices")
+    T = x.shape[0]
+    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    if out is None:
+        out = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"{what} out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
+    return x, quants, scales, out
 
 
 def x_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
