@@ -148,8 +148,7 @@ q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, co
        float* __restrict__ out, float* __restrict__ part, int* __restrict__ cnt, int T, int N, int rows_per_group,
        int K, int KP, int spans, int splits, u32 hi_bytes) {
     // hi_bytes: 0x64646464, an argument so that ptxas keeps it in a register and each PRMT takes its selector as the
-    // immediate (as a literal it became the immediate and the selectors cost a move per PRMT: 610 -> 503 SASS
-    // instructions a span at MT = 2)
+    // immediate (as a literal, ptxas made it the immediate and moved each selector into a register: a move per PRMT)
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");      // programmatic dependent launch (pdl.py's contract)
     asm volatile("griddepcontrol.launch_dependents;");
