@@ -2,27 +2,60 @@
 
 Where they run: the offline check (NVRTC compiles CONFIG and every SWEEP launch for sm_90; ptxas' report must show
 no spills and no stack frame) wherever NVRTC loads, CI included (the nvidia-cuda-nvrtc wheel of the test extras); the
-launch arithmetic everywhere; the products only on a CUDA GPU (scripts/gpu_kernels.sh: there is no interpreter for
-CUDA C++), on fresh random blocks with every output NaN-poisoned, at the float32 kernels' tolerance (1e-5 of the
+launch arithmetic everywhere; the products on two devices: "emu", the kernel's CUDA C++ built by g++ for the CPU
+stand-in of tests/cuda_emu (each CUDA thread a fiber, the warp's tensor-core product modelled from the PTX ISA's
+fragment layouts), so CI runs them, at small shapes; and "cuda", a CUDA GPU (scripts/gpu_kernels.sh), at Flash's
+widths too. On fresh random blocks with every output NaN-poisoned, at the float32 kernels' tolerance (1e-5 of the
 largest |reference|), for T = 1..16, partial row tiles and spans, groups, K splits (their arrival counters back at
-zero), inputs whose rows differ in magnitude by 1e37, CUDA-graph replay, and q8_matmul's opt-in dispatch.
+zero), inputs whose rows differ in magnitude by 1e37, infinities; CUDA-graph replay and q8_matmul's opt-in dispatch
+on the GPU alone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
 import pytest
 import torch
 
-from ds4trt.plugins.kernels import q8_mma
+import cuda_emu
+from ds4trt.plugins.kernels import q8_mma, q8_triton
 from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 from test_kernels import TOL, _rel, _seed
 
 GPU = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 TS = (1, 2, 3, 5, 8, 9, 16)
+
+
+def _emu_launch(device, kernel, grid, threads, smem, tensors, ints, word):
+    """q8_mma._launch's stand-in on the CPU: the same kernel and arguments, built for tests/cuda_emu."""
+    nt, mt, warps, pf = kernel
+    lib = cuda_emu.build(q8_mma.SOURCE, "q8_mma", (("NT", nt), ("MT", mt), ("WARPS", warps), ("PF", int(pf))))
+    cuda_emu.launch(lib, grid, threads, smem, (*tensors, *ints, (word, ctypes.c_uint)))
+
+
+@pytest.fixture(params=["emu", "cuda"])
+def device(request, monkeypatch):
+    """Where the kernel runs: "emu" (CPU tensors, q8_mma._launch replaced by the CPU stand-in) or "cuda"."""
+    if request.param == "cuda" and not GPU:
+        pytest.skip("needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+    if request.param == "emu":
+        if not cuda_emu.available():
+            pytest.skip("the CPU stand-in needs g++")
+        monkeypatch.setattr(q8_mma, "_launch", _emu_launch)
+        return "cpu"
+    return "cuda"
+
+
+def _matmul(x, quants, scales, K, groups=1, out=None, config=None):
+    """q8_mma_matmul, on CPU tensors through its checks and launch (the emulated device)."""
+    if x.is_cuda:
+        return q8_mma.q8_mma_matmul(x, quants, scales, K, groups, out=out, config=config)
+    x, quants, scales, out = q8_triton.call_operands("q8_mma_matmul", x, quants, scales, K, groups, out)
+    return q8_mma.launch(x, quants, scales, K, groups, out, config)
 
 
 def _nvrtc_loads() -> bool:
@@ -72,23 +105,21 @@ def test_launch_splits_k_to_fill_the_gpu():
     assert q8_mma.smem_bytes(2, q8_mma.MAX_SPANS) <= 227 * 1024
 
 
-def _check(Ts, N, K, groups, seed, config=None, row_scales=None):
+def _check(device, Ts, N, K, groups, seed, config=None, row_scales=None):
     """q8_mma_matmul against float64 for each T: weights random_q8_0, x standard normal (each row times
     row_scales[t] when given), output NaN-poisoned; the split calls' counters back at zero."""
-    from ds4trt.plugins.kernels import q8_triton
-
     rng = np.random.default_rng(seed)
-    wb = torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda()
+    wb = torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).to(device)
     wd = q8_float64(wb, K)
     quants, scales = q8_triton.split_q8(wb, N, K)
     rpg = N // groups
     for T in Ts:
-        x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32)).cuda()
+        x = torch.from_numpy(rng.standard_normal((T, groups * K)).astype(np.float32)).to(device)
         if row_scales is not None:
-            x *= torch.tensor(row_scales[:T], dtype=torch.float32, device="cuda")[:, None]
+            x *= torch.tensor(row_scales[:T], dtype=torch.float32, device=device)[:, None]
         ref = torch.cat([x[:, g * K:(g + 1) * K].double() @ wd[g * rpg:(g + 1) * rpg].T for g in range(groups)], 1)
-        out = torch.full((T, N), float("nan"), device="cuda")
-        got = q8_mma.q8_mma_matmul(x, quants, scales, K, groups, out=out, config=config)
+        out = torch.full((T, N), float("nan"), device=device)
+        got = _matmul(x, quants, scales, K, groups, out=out, config=config)
         assert got.data_ptr() == out.data_ptr()
         assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         # each x row against its own reference: a row of small values is held to its own scale
@@ -97,52 +128,46 @@ def _check(Ts, N, K, groups, seed, config=None, row_scales=None):
             assert err <= TOL, f"T = {T}, row {t}, N = {N}, K = {K}, groups = {groups}: relative error {err:.3g}"
 
 
-@gpu_only
 @pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
-def test_q8_mma_small(shape):
-    _check(TS, *shape, seed=_seed("mma", *shape))          # (64, 256, 2): groups of 32 rows, 32-row tiles
+def test_q8_mma_small(device, shape):
+    _check(device, TS, *shape, seed=_seed("mma", *shape))          # (64, 256, 2): groups of 32 rows, 32-row tiles
 
 
-@gpu_only
 @pytest.mark.parametrize("config", q8_mma.SWEEP, ids=str)
-def test_q8_mma_launches(config):
+def test_q8_mma_launches(device, config):
     """Every swept launch computes the same products: row tiles of 32..256, prefetch, 1..32 K splits."""
-    _check((1, 3, 9), 200, 2048, 1, seed=_seed("mma launch", config), config=config)
-    _check((2, 16), 1024, 4096, 8 if config[0] * config[1] * 16 <= 128 else 1, seed=_seed("mma groups", config),
-           config=config)
+    _check(device, (1, 3, 9), 200, 2048, 1, seed=_seed("mma launch", config), config=config)
+    _check(device, (2, 16), 1024, 4096, 8 if config[0] * config[1] * 16 <= 128 else 1,
+           seed=_seed("mma groups", config), config=config)
 
 
 @gpu_only
 @pytest.mark.parametrize("shape", Q8_FLASH, ids=lambda s: "x".join(map(str, s)))
 def test_q8_mma_flash_widths(shape):
-    _check(TS, *shape, seed=_seed("mma flash", *shape))
+    _check("cuda", TS, *shape, seed=_seed("mma flash", *shape))
 
 
 @gpu_only
 def test_q8_mma_lm_head():
-    _check((1, 3, 9), 129280, 4096, 1, seed=_seed("mma head"))
+    _check("cuda", (1, 3, 9), 129280, 4096, 1, seed=_seed("mma head"))
 
 
-@gpu_only
-def test_q8_mma_rows_of_any_magnitude():
+def test_q8_mma_rows_of_any_magnitude(device):
     """x rows from 1e-30 to 1e7 times standard normal (past float16's range both ways): each row divided by its own
     power of two before its float16 parts are taken, so each is as exact as a row of unit size (rows whose products
     would be float32 subnormals are not: no float32 kernel holds those to 1e-5)."""
-    _check((9,), 256, 1024, 1, seed=_seed("mma magnitudes"),
+    _check(device, (9,), 256, 1024, 1, seed=_seed("mma magnitudes"),
            row_scales=[1e-7, 1e7, 1.0, 3e-3, 2e5, 1e-30, 0.5, 65504.0, 1e-20])
 
 
-@gpu_only
-def test_q8_mma_nonfinite_inputs_propagate():
+def test_q8_mma_nonfinite_inputs_propagate(device):
     """An infinity in x reaches the outputs of its row (as NaN or infinity), and only those."""
-    from ds4trt.plugins.kernels import q8_triton
-
     rng = np.random.default_rng(_seed("mma inf"))
     N, K = 128, 512
-    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 0.05)).cuda(), N, K)
-    x = torch.randn(3, K, device="cuda")
+    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 0.05)).to(device), N, K)
+    x = torch.randn(3, K, device=device)
     x[1, 7] = float("inf")
-    y = q8_mma.q8_mma_matmul(x, quants, scales, K)
+    y = _matmul(x, quants, scales, K)
     assert torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()
     assert not torch.isfinite(y[1]).any()
 
@@ -150,8 +175,6 @@ def test_q8_mma_nonfinite_inputs_propagate():
 @gpu_only
 def test_q8_mma_replays_from_a_cuda_graph():
     """Captured once (after an eager call), replayed on new x: the eager call's products."""
-    from ds4trt.plugins.kernels import q8_triton
-
     rng = np.random.default_rng(_seed("mma graph"))
     N, K = 4096, 2048
     quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
@@ -174,8 +197,6 @@ def test_q8_mma_replays_from_a_cuda_graph():
 @gpu_only
 def test_q8_matmul_dispatches_with_ds4_q8_mma(monkeypatch):
     """q8_triton.q8_matmul sends calls here with DS4_Q8_MMA=1 (the bits of q8_mma_matmul), else runs _q8_rows."""
-    from ds4trt.plugins.kernels import q8_triton
-
     rng = np.random.default_rng(_seed("mma dispatch"))
     N, K = 512, 1024
     quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
@@ -189,8 +210,6 @@ def test_q8_matmul_dispatches_with_ds4_q8_mma(monkeypatch):
 
 @gpu_only
 def test_q8_mma_rejects_bad_arguments():
-    from ds4trt.plugins.kernels import q8_triton
-
     N, K = 64, 256
     quants, scales = q8_triton.split_q8(torch.zeros(N, K // 32 * 34, dtype=torch.uint8, device="cuda"), N, K)
     with pytest.raises(ValueError, match=r"expected float32 \[1..16, 256\]"):

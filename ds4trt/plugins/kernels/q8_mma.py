@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("q8_mma.cu")
+HEADER = Path(__file__).with_name("ptx_ops.cuh")     # the PTX helpers q8_mma.cu includes
 MAX_T = 16                   # two x tiles of 8 rows
 SPAN = 256                   # values of a span: split_q8's 8 interleaved blocks (q8_triton.SPAN, q8_mma.cu's SPAN)
 MAX_SPANS = 4                # spans of 256 values a program converts into shared memory (K is split to reach it)
@@ -73,7 +74,8 @@ def compile_cubin(arch: str, nt: int, mt: int, warps: int, pf: bool,
             f"-DPF={int(pf)}"]
     if ptxas_verbose:
         opts.append("--ptxas-options=-v")
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 1, [HEADER.read_bytes()],
+                                         [HEADER.name.encode()])
     _check(err, "nvrtcCreateProgram")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
