@@ -3,9 +3,9 @@ run on tensors in host memory, each CUDA thread a fiber, so their indexing, frag
 split-K bookkeeping are tested where there is no GPU (CI). Slow (a warp collective is two rounds of 32 context
 switches): small shapes only.
 
-    kernel = build(source, name, defines)      # a cached shared library per (source, defines)
-    launch(kernel, grid, threads, smem_bytes, args)   # args: tensors (their addresses), then ints, then
-                                                      # (value, ctypes type) pairs for other scalar types
+    launch(device, kernel, grid, threads, smem, args)   # cuda_launch.launch's stand-in: the same Kernel and
+                                                        # arguments (tensors in host memory); tests monkeypatch it in
+    build(source, name, defines) -> the library        # cached per (sources, defines)
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ def build(source: Path, name: str, defines: tuple[tuple[str, int], ...] = ()) ->
     return dll
 
 
-def launch(kernel: ctypes.CDLL, grid: tuple[int, ...], threads: int, smem_bytes: int, args: tuple) -> None:
-    """Runs the kernel over grid (x[, y[, z]]) programs of `threads` threads. args in the kernel's order: CPU tensors
-    (passed as their addresses), Python ints (as int), or (value, ctypes type) pairs."""
+def launch(device, kernel, grid: tuple[int, ...], threads: int, smem_bytes: int, args: tuple) -> None:
+    """cuda_launch.launch on the CPU: kernel (a cuda_launch.Kernel) over grid (x[, y[, z]]) programs of `threads`
+    threads. args in the kernel's order: CPU tensors (passed as their addresses), Python ints (as int), or (value,
+    ctypes type) pairs."""
+    from ds4trt.plugins.kernels import cuda_launch
+
+    lib = build(cuda_launch.HERE / kernel.source, kernel.name, tuple(kernel.defines))
     values = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -65,6 +69,6 @@ def launch(kernel: ctypes.CDLL, grid: tuple[int, ...], threads: int, smem_bytes:
             values.append(ctypes.c_int(a))
     ptrs = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
     gx, gy, gz = (*grid, 1, 1)[:3]
-    err = kernel.emu_launch(gx, gy, gz, threads, smem_bytes, ptrs)
+    err = lib.emu_launch(gx, gy, gz, threads, smem_bytes, ptrs)
     if err:
         raise RuntimeError(err.decode())

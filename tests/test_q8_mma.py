@@ -13,7 +13,6 @@ on the GPU alone.
 
 from __future__ import annotations
 
-import ctypes
 import re
 
 import numpy as np
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 import cuda_emu
-from ds4trt.plugins.kernels import q8_mma, q8_triton
+from ds4trt.plugins.kernels import cuda_launch, q8_mma, q8_triton
 from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 from test_kernels import TOL, _rel, _seed
 
@@ -30,22 +29,15 @@ gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_ker
 TS = (1, 2, 3, 5, 8, 9, 16)
 
 
-def _emu_launch(device, kernel, grid, threads, smem, tensors, ints, word):
-    """q8_mma._launch's stand-in on the CPU: the same kernel and arguments, built for tests/cuda_emu."""
-    nt, mt, warps, pf = kernel
-    lib = cuda_emu.build(q8_mma.SOURCE, "q8_mma", (("NT", nt), ("MT", mt), ("WARPS", warps), ("PF", int(pf))))
-    cuda_emu.launch(lib, grid, threads, smem, (*tensors, *ints, (word, ctypes.c_uint)))
-
-
 @pytest.fixture(params=["emu", "cuda"])
 def device(request, monkeypatch):
-    """Where the kernel runs: "emu" (CPU tensors, q8_mma._launch replaced by the CPU stand-in) or "cuda"."""
+    """Where the kernel runs: "emu" (CPU tensors, cuda_launch.launch replaced by the CPU stand-in) or "cuda"."""
     if request.param == "cuda" and not GPU:
         pytest.skip("needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
     if request.param == "emu":
         if not cuda_emu.available():
             pytest.skip("the CPU stand-in needs g++")
-        monkeypatch.setattr(q8_mma, "_launch", _emu_launch)
+        monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
         return "cpu"
     return "cuda"
 

@@ -15,22 +15,20 @@ by the tensor cores and the block scales applied in float32: ~1e-6 relative, ins
 
 Not yet measured on a GPU (no device was lent when it was written): q8_triton.q8_matmul takes it only with
 DS4_Q8_MMA=1 (`use_mma`), so that the graphs keep the measured kernel until bench_kernels' case q8_mma has timed both.
-Launches go through the CUDA driver (cuda.bindings) on PyTorch's current stream, so CUDA graphs capture them, with
-programmatic dependent launch where pdl.py uses it. Triton is imported only by the launching functions (q8_triton's
-layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is installed (the offline check).
+Built and launched by cuda_launch (NVRTC, the CUDA driver on PyTorch's current stream). Triton is imported only by the
+launching functions (q8_triton's layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is
+installed (the offline check).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
-from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("q8_mma.cu")
-HEADER = Path(__file__).with_name("ptx_ops.cuh")     # the PTX helpers q8_mma.cu includes
+from ds4trt.plugins.kernels import cuda_launch
+
 MAX_T = 16                   # two x tiles of 8 rows
 SPAN = 256                   # values of a span: split_q8's 8 interleaved blocks (q8_triton.SPAN, q8_mma.cu's SPAN)
 MAX_SPANS = 4                # spans of 256 values a program converts into shared memory (K is split to reach it)
@@ -63,65 +61,21 @@ def launch_config(N: int, groups: int) -> tuple:
     return warps, mt, pf, min_programs
 
 
+def kernel(nt: int, mt: int, warps: int, pf: bool) -> cuda_launch.Kernel:
+    """q8_mma.cu with NT = nt x tiles, MT = mt row tiles per warp, `warps` warps and PF = pf."""
+    return cuda_launch.Kernel("q8_mma.cu", "q8_mma", (("NT", nt), ("MT", mt), ("WARPS", warps), ("PF", int(pf))))
+
+
 def compile_cubin(arch: str, nt: int, mt: int, warps: int, pf: bool,
                   ptxas_verbose: bool = False) -> tuple[bytes, str]:
-    """q8_mma.cu for arch ("sm_90") with NT = nt x tiles, MT = mt row tiles per warp, `warps` warps and PF = pf ->
-    (cubin, NVRTC's log; with ptxas_verbose it holds ptxas' registers / spills line). Raises RuntimeError with the
-    log."""
-    from cuda.bindings import nvrtc
-
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", f"-DNT={nt}", f"-DMT={mt}", f"-DWARPS={warps}",
-            f"-DPF={int(pf)}"]
-    if ptxas_verbose:
-        opts.append("--ptxas-options=-v")
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 1, [HEADER.read_bytes()],
-                                         [HEADER.name.encode()])
-    _check(err, "nvrtcCreateProgram")
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        log = log.rstrip(b"\x00 ").decode(errors="replace")
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"q8_mma: NVRTC could not compile {SOURCE.name} for {arch} ({opts}):\n{log}")
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-        _check(err, "nvrtcGetCUBIN")
-        return cubin, log
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def _check(err, what: str) -> None:
-    if int(err) != 0:
-        raise RuntimeError(f"q8_mma: {what} failed: {err!r}")
+    """kernel(nt, mt, warps, pf) for arch ("sm_90") -> (cubin, NVRTC's log; with ptxas_verbose it holds ptxas'
+    registers / spills line). Raises RuntimeError with the log."""
+    return cuda_launch.compile_cubin(kernel(nt, mt, warps, pf), arch, ptxas_verbose)
 
 
 def smem_bytes(nt: int, spans: int) -> int:
     """Dynamic shared memory of a program: 8 * nt x rows of spans * 1024 + 64 bytes, their scales and a flag."""
     return 8 * nt * (spans * 1024 + 64) + 8 * nt * 4 + 16
-
-
-@functools.cache
-def _function(device_index: int, nt: int, mt: int, warps: int, pf: bool):
-    """The kernel loaded into PyTorch's context of the device, its dynamic shared memory raised to what MAX_SPANS
-    needs. Not allowed during a CUDA graph capture: the backends run each step once before capturing it."""
-    from cuda.bindings import driver
-
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, _ = compile_cubin(f"sm_{major}{minor}", nt, mt, warps, pf)
-    with torch.cuda.device(device_index):                             # PyTorch's primary context made current
-        err, module = driver.cuModuleLoadData(cubin)
-        _check(err, "cuModuleLoadData")
-        err, fn = driver.cuModuleGetFunction(module, b"q8_mma")
-        _check(err, "cuModuleGetFunction")
-        (err,) = driver.cuFuncSetAttribute(
-            fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes(nt, MAX_SPANS))
-        _check(err, "cuFuncSetAttribute")
-    return module, fn
 
 
 def mma_launch(N: int, K: int, rows: int, min_programs: int) -> tuple[int, int, int]:
@@ -164,34 +118,8 @@ def launch(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, 
                          f"{q8_triton.COUNTER_SLOTS} arrival counters")
     part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
     nt = 1 if T <= 8 else 2
-    _launch(x.device, (nt, mt, warps, bool(pf)), (tiles, splits), warps * 32, smem_bytes(nt, spans),
-            (x, quants, scales, out, part, q8_triton._counters(x.device)), (T, N, N // groups, K, KP, spans, splits),
-            HI_BYTES)
+    cuda_launch.launch(x.device, kernel(nt, mt, warps, bool(pf)), (tiles, splits), warps * 32, smem_bytes(nt, spans),
+                       (x, quants, scales, out, part, q8_triton._counters(x.device), T, N, N // groups, K, KP, spans,
+                        splits, (HI_BYTES, ctypes.c_uint)))
     return out
 
-
-def _launch(device: torch.device, kernel: tuple, grid: tuple, threads: int, smem: int, tensors: tuple,
-            ints: tuple, word: int) -> None:
-    """kernel (nt, mt, warps, pf) on PyTorch's current stream of `device`: its arguments the tensors' addresses,
-    then the ints, then one unsigned word."""
-    from cuda.bindings import driver
-
-    from ds4trt.plugins.kernels.pdl import pdl_launch
-
-    _, fn = _function(device.index if device.index is not None else torch.cuda.current_device(), *kernel)
-    cfg = driver.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid[0], grid[1], 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
-    cfg.sharedMemBytes = smem
-    cfg.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    if pdl_launch(device)["PDL"]:
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg.attrs, cfg.numAttrs = [attr], 1
-    else:
-        cfg.numAttrs = 0
-    args = tuple(t.data_ptr() for t in tensors) + ints + (word,)
-    types = (ctypes.c_void_p,) * len(tensors) + (ctypes.c_int,) * len(ints) + (ctypes.c_uint,)
-    (err,) = driver.cuLaunchKernelEx(cfg, fn, (args, types), 0)
-    _check(err, "cuLaunchKernelEx")

@@ -1,0 +1,123 @@
+"""The CUDA C++ kernels of this folder (q8_mma.cu, moe_mma.cu): compiled at run time by NVRTC, launched through the
+CUDA driver (cuda.bindings) on PyTorch's current stream, so CUDA graphs capture them, with programmatic dependent
+launch where pdl.py uses it.
+
+    Kernel(source, name, defines)                          what to build: a .cu here, its entry, its -D values
+    compile_cubin(kernel, arch, ptxas_verbose=False)      -> (cubin, NVRTC's log); needs no GPU
+    launch(device, kernel, grid, threads, smem, args)     args in the kernel's order: tensors (their addresses), ints
+                                                          (int), or (value, ctypes type) pairs
+
+Every .cuh here is given to NVRTC as a header. Triton is imported only by launch (pdl.py), so that compile_cubin runs
+where only NVRTC is installed (the offline check). tests/cuda_emu.py runs the same Kernel on the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+HERE = Path(__file__).parent
+
+
+class Kernel(NamedTuple):
+    source: str                                  # file name of a .cu in this folder
+    name: str                                    # its extern "C" __global__ function
+    defines: tuple[tuple[str, int], ...]         # -D name=value
+
+
+def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tuple[bytes, str]:
+    """kernel for arch ("sm_90") -> (cubin, NVRTC's log; with ptxas_verbose it holds ptxas' registers / spills
+    lines). Raises RuntimeError with the log."""
+    from cuda.bindings import nvrtc
+
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", *(f"-D{k}={v}" for k, v in kernel.defines)]
+    if ptxas_verbose:
+        opts.append("--ptxas-options=-v")
+    headers = sorted(HERE.glob("*.cuh"))
+    err, prog = nvrtc.nvrtcCreateProgram((HERE / kernel.source).read_bytes(), kernel.source.encode(), len(headers),
+                                         [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log = log.rstrip(b"\x00 ").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC could not compile {kernel.source} for {arch} ({opts}):\n{log}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _check(err, what: str) -> None:
+    if int(err) != 0:
+        raise RuntimeError(f"cuda_launch: {what} failed: {err!r}")
+
+
+@functools.cache
+def _function(device_index: int, kernel: Kernel):
+    """The kernel loaded into PyTorch's context of the device, allowed the device's largest dynamic shared memory.
+    Not allowed during a CUDA graph capture: the backends run each step once before capturing it."""
+    from cuda.bindings import driver
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin, _ = compile_cubin(kernel, f"sm_{major}{minor}")
+    with torch.cuda.device(device_index):                             # PyTorch's primary context made current
+        err, module = driver.cuModuleLoadData(cubin)
+        _check(err, "cuModuleLoadData")
+        err, fn = driver.cuModuleGetFunction(module, kernel.name.encode())
+        _check(err, "cuModuleGetFunction")
+        err, dev = driver.cuDeviceGet(device_index)
+        _check(err, "cuDeviceGet")
+        err, optin = driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)
+        _check(err, "cuDeviceGetAttribute")
+        (err,) = driver.cuFuncSetAttribute(
+            fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin)
+        _check(err, "cuFuncSetAttribute")
+    return module, fn
+
+
+def launch(device: torch.device, kernel: Kernel, grid: tuple[int, ...], threads: int, smem: int, args: tuple) -> None:
+    """kernel over grid (x[, y]) programs of `threads` threads with `smem` bytes of dynamic shared memory, on PyTorch's
+    current stream of `device`."""
+    from cuda.bindings import driver
+
+    from ds4trt.plugins.kernels.pdl import pdl_launch
+
+    _, fn = _function(device.index if device.index is not None else torch.cuda.current_device(), kernel)
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (*grid, 1, 1)[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    if pdl_launch(device)["PDL"]:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs, cfg.numAttrs = [attr], 1
+    else:
+        cfg.numAttrs = 0
+    values, types = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            values.append(a.data_ptr())
+            types.append(ctypes.c_void_p)
+        elif isinstance(a, tuple):
+            values.append(a[0])
+            types.append(a[1])
+        else:
+            values.append(a)
+            types.append(ctypes.c_int)
+    (err,) = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
+    _check(err, "cuLaunchKernelEx")
