@@ -11,7 +11,7 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
-      routing; a long call, timed eagerly);
+      routing; a long call, timed eagerly), each also with DS4_MOE_MMA=1 (the tensor-core gate/up of moe_mma);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `q8_mma`: the tensor-core kernel q8_mma and
      _q8_rows side by side at T = 1..16, and the layer's sum for each; case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
@@ -316,6 +316,14 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
+        if mix == "q2":                                   # the same call with the tensor-core gate/up (moe_mma)
+            def run_mma(run=run):
+                os.environ["DS4_MOE_MMA"] = "1"
+                try:
+                    run(label=" (DS4_MOE_MMA=1)")
+                finally:
+                    del os.environ["DS4_MOE_MMA"]
+            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=1", results, run_mma)
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first

@@ -8,7 +8,8 @@
 // program so that reading what no thread wrote shows), and the PTX helpers of ptx_ops.cuh, defined here from the PTX
 // ISA's descriptions:
 //   prmt.b32 (default mode)      bytes {b, a} indexed by the selector's nibbles, bit 3 replicating the sign bit
-//   sub.rn.f16x2, cvt.rn.f16.f32  exact result rounded once to float16, to nearest even (overflow to infinity)
+//   sub / mul.rn.f16x2, cvt.rn.f16.f32   exact result rounded once to float16, to nearest even (overflow to
+//                                  infinity); cp.async: a plain 16-byte copy
 //   mma.m16n8k16.row.col f32.f16   the fragment layouts of PTX ISA 9.7.14.5.8 (groupID = lane >> 2, t = lane % 4):
 //                                  A a_i row g (+8 for i = 2, 3, 6, 7), col 2t + (i & 1) (+8 for i >= 4);
 //                                  B b_i row 2t + (i & 1) (+8 for i >= 2), col g; C / D c_i row g (+8 for i >= 2),
@@ -225,6 +226,17 @@ inline u32 sub_f16x2(u32 a, u32 b) {
     const u16 hi = emu::f16_bits(emu::f16_value((u16)(a >> 16)) - emu::f16_value((u16)(b >> 16)));
     return lo | ((u32)hi << 16);
 }
+
+inline u32 mul_f16x2(u32 a, u32 b) {
+    const u16 lo = emu::f16_bits(emu::f16_value((u16)a) * emu::f16_value((u16)b));
+    const u16 hi = emu::f16_bits(emu::f16_value((u16)(a >> 16)) * emu::f16_value((u16)(b >> 16)));
+    return lo | ((u32)hi << 16);
+}
+
+// the copies complete at once (a schedule the hardware may take too; waiting early is not caught here)
+inline void cp_async16(void* shared_dst, const void* global_src) { std::memcpy(shared_dst, global_src, 16); }
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
 
 inline u16 f32_to_f16(float f) { return emu::f16_bits(f); }
 inline float f16_to_f32(u16 h) { return (float)emu::f16_value(h); }

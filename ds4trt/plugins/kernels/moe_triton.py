@@ -23,7 +23,8 @@ synchronization, so a CUDA graph can capture a call:
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
 with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
-expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice.
+expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. With DS4_MOE_MMA=1, an
+IQ2_XXS gate/up's multi-pair items go to moe_mma's CUDA C++ kernel instead (not yet measured: moe_mma.py).
 
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as integer
 dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the activations stored
@@ -76,6 +77,7 @@ import triton
 import triton.language as tl
 from gguf import quants as gguf_quants
 
+from ds4trt.plugins.kernels import moe_mma
 from ds4trt.plugins.kernels.int_dot import ASM, XQ_LO, dp2a, dp4a, int_words, quant_values
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from ds4trt.plugins.kernels.q8_triton import padded, q8_tile
@@ -1221,7 +1223,11 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  QD=down_type == Q2_K, COMPACT=long,
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
-    if n_multi:
+    if n_multi and long and moe_mma.use_mma(gate_type, up_type, parts, F):
+        hi, _, _, _, inv = split_runs(v)
+        moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), ws.order, ws.cnt, m_starts, gate_blocks, up_blocks,
+                           ws.h, k, clamp, cap)
+    elif n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
         _moe_gateup_multi[(n_multi, F // mbr)](*split_runs(v), *gu_args[1:], m_starts, gate_blocks, up_blocks, ws.h,

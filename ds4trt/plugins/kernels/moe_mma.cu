@@ -1,0 +1,199 @@
+// The routed experts' gate / up product of a long call (a prefill chunk) on the tensor cores, for IQ2_XXS gate and up
+// (ds4's q2 mix; moe_mma.py compiles this with NVRTC):
+//
+//   h[pair, rows] = weight[pair] * swiglu(gate_e x_t, up_e x_t)     for the pairs (token t, expert e) of an item
+//
+// Items as moe_triton._long_items lists them: starts[i] is the sorted position of item i, its pairs order[start ..
+// start + cnt[start]) (2..CAP pairs of one expert). Grid (items, F / ROWS); a program serves one item and ROWS rows of
+// F, each warp 16 rows of gate and the same 16 of up, for all pairs of the item at once (CAP = 8 NT columns).
+//
+// x: split_runs' hi parts (float16 of x * scale per 256-value chunk, scale a power of two) and inv = 1 / scale. Each
+// chunk's values of the item's tokens are copied into shared memory (cp.async, the next chunk's while this one's
+// products run), 16-byte units permuted so that a lane's B fragments are one 16-byte read (x_unit).
+//
+// IQ2_XXS block (66 bytes: f16 d, then 8 records of (u32 A, u32 B), one per 32-value sub-block): value 8r + i of
+// sub-block sb = d / 8 * (2s + 1) * grid[A byte r][i] * (bit i of ksigns[B bits 7r..7r+6] ? -1 : 1), s = B >> 28.
+// Here (2s + 1) * grid * sign is an exact float16 integer (|.| <= 31 * 43 = 1333), made from two shared tables (the
+// grid's magnitudes as float16, the signs as 0x8000 masks) by one packed multiply and one xor per pair of values;
+// d / 8 and inv are applied in float32 after each block.
+//
+// Fragments (mma.m16n8k16, lane = 4 g + t): in the block's k step (h, r, half) lane t holds values 4 half .. 4 half +
+// 3 of run r of sub-block t + 4h, rows g and g + 8 (a0, a2 row g; a1, a3 row g + 8), and x's same 4 values of token
+// column g (b0, b1): the 16 k slots of a step are 4 lanes' runs of different sub-blocks, which is no matter, since A
+// and B agree on them. So a lane reads only its own two records of a row per block.
+//
+// Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS.
+
+#include "ptx_ops.cuh"
+
+#define CAP (8 * NT)
+#define ROWS (WARPS * 16)
+#define XSTRIDE 576                           // bytes of a token's 256 float16 in shared memory (+64: no conflicts)
+#define IQ2_BYTES 66
+
+// where 16-byte unit q of a chunk (values 8q..8q+7: run q % 4 of sub-block q / 4) goes in shared memory: lane t's
+// unit of step (h, r) is 16h + 4r + t
+__device__ __forceinline__ int x_unit(int q) {
+    const int sb = q >> 2;
+    return 16 * (sb >> 2) + 4 * (q & 3) + (sb & 3);
+}
+
+// the record (A, B) of sub-block sb of the block at byte offset off (2-byte aligned) by aligned 4-byte reads
+__device__ __forceinline__ void iq2_record(const unsigned char* __restrict__ w, long long off, int sb, u32& a, u32& b) {
+    const long long p = off + 2 + 8 * sb;
+    const u32* q = (const u32*)(w + (p & ~3LL));
+    const u32 w0 = __ldg(q), w1 = __ldg(q + 1);
+    if (p & 2) {
+        const u32 w2 = __ldg(q + 2);
+        a = prmt(w0, w1, 0x5432);
+        b = prmt(w1, w2, 0x5432);
+    } else {
+        a = w0;
+        b = w1;
+    }
+}
+
+// (2s + 1) as float16 in both halves
+__device__ __forceinline__ u32 run_scale(u32 b) {
+    const u32 h = f32_to_f16((float)(2 * (b >> 28) + 1));
+    return h | (h << 16);
+}
+
+// run r of a record: its 8 values (2s + 1) * grid * sign as float16 pairs v[j] = values 2j, 2j + 1
+__device__ __forceinline__ void iq2_run(const uint4* tab, u32 a, u32 b, u32 scale, int r, u32 (&v)[4]) {
+    const uint4 m = tab[(a >> (8 * r)) & 255];
+    const uint4 s = tab[256 + ((b >> (7 * r)) & 127)];
+    v[0] = mul_f16x2(m.x, scale) ^ s.x;
+    v[1] = mul_f16x2(m.y, scale) ^ s.y;
+    v[2] = mul_f16x2(m.z, scale) ^ s.z;
+    v[3] = mul_f16x2(m.w, scale) ^ s.w;
+}
+
+// acc[x tile] += d / 8 * inv[column] * (one block of rows g, g + 8 at byte offsets og, o8, against the chunk xb)
+__device__ __forceinline__ void block_product(float (&acc)[NT][4], const unsigned char* __restrict__ w, long long og,
+                                              long long o8, const unsigned char* xb, const float* inv,
+                                              const uint4* tab, int g, int t) {
+    float c[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            c[nt][e] = 0.f;
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+        u32 ag, bg, a8, b8;
+        iq2_record(w, og, t + 4 * h, ag, bg);
+        iq2_record(w, o8, t + 4 * h, a8, b8);
+        const u32 sg = run_scale(bg), s8 = run_scale(b8);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            u32 vg[4], v8[4];
+            iq2_run(tab, ag, bg, sg, r, vg);
+            iq2_run(tab, a8, b8, s8, r, v8);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 xv = *(const uint4*)(xb + (8 * nt + g) * XSTRIDE + (16 * h + 4 * r + t) * 16);
+                mma(c[nt], vg[0], v8[0], vg[1], v8[1], xv.x, xv.y);        // values 0..3 of the run
+                mma(c[nt], vg[2], v8[2], vg[3], v8[3], xv.z, xv.w);        // values 4..7
+            }
+        }
+    }
+    const float dg = f16_to_f32(*(const u16*)(w + og)) * 0.125f, d8 = f16_to_f32(*(const u16*)(w + o8)) * 0.125f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float i0 = inv[8 * nt + 2 * t], i1 = inv[8 * nt + 2 * t + 1];
+        acc[nt][0] += dg * i0 * c[nt][0];
+        acc[nt][1] += dg * i1 * c[nt][1];
+        acc[nt][2] += d8 * i0 * c[nt][2];
+        acc[nt][3] += d8 * i1 * c[nt][3];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const long long* __restrict__ ids,
+               const float* __restrict__ wts, const int* __restrict__ order, const int* __restrict__ cnt,
+               const int* __restrict__ starts, const unsigned char* __restrict__ gate,
+               const unsigned char* __restrict__ up, const uint4* __restrict__ tables, float* __restrict__ h,
+               int n_slots, int F, int D, float clamp) {
+    // xh [R, D] float16 bits, xinv [R, D / 256]: split_runs' hi and inv, a row per token; ids, wts [P]: each pair's
+    // expert and weight; gate, up [E, F, D / 256 * 66] IQ2_XXS; tables [384]: 256 grid rows, 128 sign rows;
+    // h [P, F] float32
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");      // programmatic dependent launch (pdl.py's contract)
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of x
+    uint4* tab = (uint4*)(smem + 2 * CAP * XSTRIDE);           // [384]
+    long long* tokrow = (long long*)(tab + 384);                // [CAP] offset of each slot's token row in xh
+    float* inv = (float*)(tokrow + CAP);                        // [2][CAP] each chunk's inv of each slot
+    float* wslot = inv + 2 * CAP;                               // [CAP]
+    int* pslot = (int*)(wslot + CAP);                           // [CAP]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int item = starts[blockIdx.x], n = cnt[item], nsb = D / 256;
+    const long long row_bytes = (long long)nsb * IQ2_BYTES;
+    const long long e = ids[order[item]];
+    const int row0 = blockIdx.y * ROWS + warp * 16;             // this warp's 16 rows
+    const long long og = (e * F + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
+
+    for (int i = tid; i < 384; i += WARPS * 32)
+        tab[i] = __ldg(tables + i);
+    for (int s = tid; s < CAP; s += WARPS * 32) {
+        const int pair = s < n ? order[item + s] : 0;
+        pslot[s] = pair;
+        wslot[s] = s < n ? wts[pair] : 0.f;
+        tokrow[s] = s < n ? (long long)(pair / n_slots) * D : 0;
+    }
+    for (int i = tid; i < 2 * CAP * 32; i += WARPS * 32) {     // slots past n: zeros, never copied over
+        const int buf = i / (CAP * 32), s = i / 32 % CAP;
+        if (s >= n)
+            *(uint4*)(xs + (buf * CAP + s) * XSTRIDE + (i % 32) * 16) = uint4{0u, 0u, 0u, 0u};
+    }
+    __syncthreads();
+
+    auto stage = [&](int blk) {                                 // chunk blk of the item's tokens into buffer blk & 1
+        unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
+        for (int i = tid; i < n * 32; i += WARPS * 32) {
+            const int s = i >> 5, q = i & 31;
+            cp_async16(xb + s * XSTRIDE + x_unit(q) * 16, xh + tokrow[s] + blk * 256 + q * 8);
+        }
+        cp_async_commit();
+        for (int s = tid; s < CAP; s += WARPS * 32)
+            inv[(blk & 1) * CAP + s] = s < n ? xinv[tokrow[s] / 256 + blk] : 0.f;
+    };
+
+    float accg[NT][4], accu[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4)
+            accg[nt][e4] = accu[nt][e4] = 0.f;
+    stage(0);
+    for (int blk = 0; blk < nsb; ++blk) {
+        if (blk + 1 < nsb) {                                    // its buffer was last read before the previous barrier
+            stage(blk + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
+        const float* ib = inv + (blk & 1) * CAP;
+        block_product(accg, gate, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
+        block_product(accu, up, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
+        __syncthreads();
+    }
+
+    // h[pair, row] (accumulator e of a lane: row g + 8 * (e / 2), column 2t + e % 2 of its x tile)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4) {
+            const int s = 8 * nt + 2 * t + (e4 & 1), row = row0 + g + 8 * (e4 >> 1);
+            if (s < n) {
+                const float gv = fminf(accg[nt][e4], clamp), uv = fminf(fmaxf(accu[nt][e4], -clamp), clamp);
+                h[(long long)pslot[s] * F + row] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
+            }
+        }
+}

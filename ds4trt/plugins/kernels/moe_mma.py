@@ -1,0 +1,96 @@
+"""The routed experts' gate / up product of long calls (prefill chunks) on the tensor cores, for IQ2_XXS gate and up
+(ds4's q2 mix): moe_mma.cu, built and launched by cuda_launch.
+
+    gateup_iq2(hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks, h, n_slots, clamp, cap)
+        h[pair, :] = weight * swiglu(gate_e x_t, up_e x_t) for the pairs of the listed multi-pair items
+    kernel(nt, warps) / smem_bytes(cap) / tables(device)
+
+Why: moe_triton's _moe_gateup_multi decodes a [rows, 256] block tile into registers and hands it to tl.dot, which
+takes 255 registers and runs one 4-warp program per SM (12.5 % occupancy, ncu: latency-bound); the routed experts are
+~60 % of a 2048-token prefill (BENCHMARKS.md). Here each lane decodes only its own fragments (moe_mma.cu), by table
+reads, one packed multiply and one xor per two values, and x comes through shared memory by cp.async.
+
+Numerics as the Triton long call with one activation part (LONG_CONFIGS: q2): the block values are exact float16
+integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float32; ~5e-4 against float64.
+
+Not yet measured on a GPU (no device was lent when it was written): moe_triton.moe_forward takes it only with
+DS4_MOE_MMA=1 (`use_mma`). tests/test_moe_mma.py runs it on the CPU stand-in of tests/cuda_emu.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+import torch
+
+from ds4trt.plugins.kernels import cuda_launch
+
+IQ2_XXS = 16
+XSTRIDE = 576                 # bytes of a token's chunk in shared memory (moe_mma.cu)
+WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not swept yet
+
+
+def use_mma(gate_type: int, up_type: int, parts: int, F: int) -> bool:
+    """Whether a long call's multi-pair gate/up goes here: DS4_MOE_MMA=1, IQ2_XXS gate and up, one activation part,
+    and F a multiple of every row tile."""
+    return (os.environ.get("DS4_MOE_MMA") == "1" and gate_type == up_type == IQ2_XXS and parts == 1
+            and all(F % (16 * w) == 0 for w in WARPS.values()))
+
+
+def kernel(nt: int, warps: int) -> cuda_launch.Kernel:
+    return cuda_launch.Kernel("moe_mma.cu", "moe_gateup_iq2", (("NT", nt), ("WARPS", warps)))
+
+
+def smem_bytes(cap: int) -> int:
+    """Two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, 2 invs, weight, pair."""
+    return 2 * cap * XSTRIDE + 384 * 16 + cap * (8 + 8 + 4 + 4)
+
+
+@functools.cache
+def _tables_np() -> np.ndarray:
+    """uint16 [384, 8]: rows 0..255 the IQ2_XXS grid's magnitudes as float16, rows 256..383 ksigns' sign bits as
+    float16 sign masks (0x8000 where the value is negated), from gguf's tables."""
+    from gguf import quants as gguf_quants
+
+    cls = gguf_quants.IQ2_XXS
+    cls.init_grid()
+    grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8).astype(np.float16).view(np.uint16)
+    ksigns = np.frombuffer(cls.ksigns, dtype=np.uint8)
+    signs = (((ksigns[:, None] >> np.arange(8)) & 1) * 0x8000).astype(np.uint16)
+    return np.concatenate([grid, signs])
+
+
+_TABLES: dict[str, torch.Tensor] = {}
+
+
+def tables(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.from_numpy(_tables_np().view(np.int16).copy()).to(device)
+    return _TABLES[key]
+
+
+def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+               cnt: torch.Tensor, starts: torch.Tensor, gate_blocks: torch.Tensor, up_blocks: torch.Tensor,
+               h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
+    """hi float16 [R, D], inv float32 [R, D / 256] (split_runs of the tokens' x); ids int64 [P] (each pair's expert),
+    weights float32 [P]; order, cnt int32 [P] and starts int32 [items] (moe_triton._long_items: items of 2..cap pairs);
+    gate_blocks, up_blocks uint8 [E, F, D / 256 * 66] IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs
+    written. Arguments are trusted (moe_forward checked them), apart from the shapes this kernel depends on."""
+    R, D = hi.shape
+    E, F, row_bytes = gate_blocks.shape
+    warps = WARPS[cap]
+    if (hi.dtype != torch.float16 or inv.shape != (R, D // 256) or D % 256 or row_bytes != D // 256 * 66
+            or up_blocks.shape != gate_blocks.shape or F % (16 * warps) or h.shape[1] != F or ids.dtype != torch.int64
+            or cap % 8):
+        raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (hi {hi.dtype} {list(hi.shape)}, inv "
+                         f"{list(inv.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, ids {ids.dtype}, "
+                         f"cap {cap})")
+    if starts.numel():
+        cuda_launch.launch(hi.device, kernel(cap // 8, warps), (starts.numel(), F // (16 * warps)), warps * 32,
+                           smem_bytes(cap), (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
+                                             tables(hi.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
+    return h

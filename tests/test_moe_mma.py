@@ -1,0 +1,142 @@
+"""The tensor-core IQ2_XXS gate/up of long MoE calls (plugins/kernels/moe_mma.cu, launched by moe_mma.py) against
+float64.
+
+Where they run: the offline check (NVRTC compiles each launch for sm_90, ptxas' report must show no spills) wherever
+NVRTC loads, CI included; the products on "emu", the CPU stand-in of tests/cuda_emu (g++ builds the CUDA C++ as host
+code), at small shapes, and on "cuda", a GPU, at Flash's widths too. Fresh random IQ2_XXS experts (the q2 mix's gate
+and up), x ~ 3 N(0, 1), items made by moe_triton._long_items from random routing; h NaN-poisoned, and the rows of
+pairs outside multi-pair items must stay NaN. Bound: TOL_F16 (1e-3 of the largest |reference|; one float16 part of x
+leaves ~5e-4, as the Triton long call's one-part product).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import cuda_emu
+from ds4trt.plugins import moe as moe_ref
+from ds4trt.plugins.kernels import cuda_launch, moe_mma
+from moe_cases import random_moe_inputs
+from test_kernels import CLAMP, TOL_F16, _rel, _seed
+
+IQ2_XXS = 16
+GPU = torch.cuda.is_available()
+
+
+def _nvrtc_loads() -> bool:
+    try:
+        from cuda.bindings import nvrtc
+        return int(nvrtc.nvrtcVersion()[0]) == 0
+    except Exception:  # noqa: BLE001 - any failure to find or load the library means: not here
+        return False
+
+
+@pytest.fixture(params=["emu", "cuda"])
+def device(request, monkeypatch):
+    """Where the kernel runs: "emu" (CPU tensors, cuda_launch.launch replaced by the CPU stand-in) or "cuda"."""
+    if request.param == "cuda" and not GPU:
+        pytest.skip("needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+    if request.param == "emu":
+        if not cuda_emu.available():
+            pytest.skip("the CPU stand-in needs g++")
+        monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
+        return "cpu"
+    return "cuda"
+
+
+def _split_hi(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """split_runs' hi and inv in torch: per 256-value chunk with e the biased exponent of its largest |x| (at most
+    252), hi = float16(x * 2^(126 - e)), inv = 2^(e - 126)."""
+    T, D = v.shape
+    m = v.view(T, D // 256, 256).abs().amax(-1)
+    e = torch.clamp((m.view(torch.int32) >> 23) & 255, max=252)
+    scale = torch.ldexp(torch.ones_like(m), (126 - e).float())
+    hi = (v.view(T, D // 256, 256) * scale[..., None]).to(torch.float16).view(T, D)
+    return hi, 1 / scale
+
+
+def _check(device, T, E, F, D, k, cap, seed, skew=False):
+    """One long call's multi-pair items through gateup_iq2 against float64 w * swiglu(gate x, up x)."""
+    from ds4trt.plugins.kernels import moe_triton
+
+    v, ids, w, (gate, up, _) = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
+    if skew:                                        # most tokens on expert 0: items of cap pairs and a partial one
+        ids[: 3 * T // 4, 0] = 0
+        ids[: 3 * T // 4, 1:] = np.where(ids[: 3 * T // 4, 1:] == 0, 1, ids[: 3 * T // 4, 1:])
+    flat = torch.from_numpy(ids.reshape(-1))
+    counts = torch.bincount(flat, minlength=E)
+    order, cnt, _, multis = moe_triton._long_items(flat, counts, cap)
+    vt = torch.from_numpy(v)
+    hi, inv = _split_hi(vt)
+    dev = lambda a: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)   # noqa: E731
+    h = torch.full((T * k, F), float("nan"), device=device)
+    moe_mma.gateup_iq2(dev(hi), dev(inv), dev(flat), dev(w.reshape(-1)), dev(order), dev(cnt), dev(multis),
+                       dev(gate), dev(up), h, k, CLAMP, cap)
+    h = h.cpu().double()
+    # the pairs of multi-pair items (positions start .. start + cnt of each listed start)
+    pos = torch.cat([torch.arange(s, s + cnt[s]) for s in multis.tolist()]) if multis.numel() else torch.zeros(0)
+    pairs = order[pos.long()].long()
+    assert pairs.numel() > 0, "no multi-pair items: the test routed too few tokens per expert"
+    others = torch.ones(T * k, dtype=torch.bool)
+    others[pairs] = False
+    assert torch.isnan(h[others]).all(), "rows of pairs outside the multi-pair items were written"
+    wg = np.stack([moe_ref.dequantize_expert(gate[e], IQ2_XXS) for e in range(E)]).astype(np.float64)
+    wu = np.stack([moe_ref.dequantize_expert(up[e], IQ2_XXS) for e in range(E)]).astype(np.float64)
+    p = pairs.numpy()
+    t, e = p // k, ids.reshape(-1)[p]
+    g = np.einsum("pfd,pd->pf", wg[e], v[t].astype(np.float64))
+    u = np.einsum("pfd,pd->pf", wu[e], v[t].astype(np.float64))
+    want = w.reshape(-1)[p, None].astype(np.float64) * moe_ref.swiglu(g, u, CLAMP)
+    err = _rel(h[pairs], torch.from_numpy(want))
+    assert err <= TOL_F16, f"T = {T}, cap = {cap}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_gateup_iq2_small(device, cap):
+    """A call of 40 tokens over 8 experts (~30 pairs each: items of 2..30 pairs), 4 row tiles of 64."""
+    _check(device, 40, 8, 256, 512, 6, cap, _seed("moe mma", cap))
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_gateup_iq2_full_items(device, cap):
+    """Most tokens on one expert: items of exactly cap pairs beside a partial one and the other experts' items."""
+    _check(device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.parametrize("cap", [32, 64])
+def test_gateup_iq2_flash_widths(cap):
+    _check("cuda", 512, 256, 2048, 4096, 6, cap, _seed("moe mma flash", cap))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.parametrize("cap", [32, 64])
+def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
+    """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up here, the rest Triton's) against the
+    float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
+    alone on expert 7 (a one-pair item)."""
+    from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
+
+    monkeypatch.setenv("DS4_MOE_MMA", "1")
+    types = (IQ2_XXS, IQ2_XXS, 10)
+    T = 40
+    v, _, w, blocks = _small_case(types, seed=_seed("moe mma forward", cap), T=T)
+    rng = np.random.default_rng(_seed("moe mma forward ids", cap))
+    ids = np.stack([rng.permutation(7)[:3] for _ in range(T)]).astype(np.int64)
+    ids[0, 0] = 7
+    dev = [torch.from_numpy(a).cuda() for a in (v, ids, w, *blocks)]
+    got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1, 1))
+    assert _rel(got, _moe_ref64(*dev[:3], _deq_experts(blocks, types, range(8)), CLAMP)) <= TOL_F16
+
+
+@pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
+def test_every_launch_compiles_for_sm90_without_spills():
+    for cap, warps in moe_mma.WARPS.items():
+        cubin, log = cuda_launch.compile_cubin(moe_mma.kernel(cap // 8, warps), "sm_90", ptxas_verbose=True)
+        assert cubin[:4] == b"\x7fELF"
+        frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert frame and frame.groups() == ("0", "0", "0"), f"CAP {cap}: {frame.group(0) if frame else log}"
