@@ -48,15 +48,37 @@ def device(request, monkeypatch):
     return "cuda"
 
 
-def _split_hi(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """split_runs' hi and inv in torch: per 256-value chunk with e the biased exponent of its largest |x| (at most
-    252), hi = float16(x * 2^(126 - e)), inv = 2^(e - 126)."""
+def _split(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """split_runs' hi, shi, slo and inv in torch: per 256-value chunk with e the biased exponent of its largest |x| (at
+    most 252), scale = 2^(126 - e): hi = float16(x * scale), the sums of x over 16-value runs times scale = shi + slo
+    (float16 each), inv = 1 / scale."""
     T, D = v.shape
-    m = v.view(T, D // 256, 256).abs().amax(-1)
-    e = torch.clamp((m.view(torch.int32) >> 23) & 255, max=252)
-    scale = torch.ldexp(torch.ones_like(m), (126 - e).float())
-    hi = (v.view(T, D // 256, 256) * scale[..., None]).to(torch.float16).view(T, D)
-    return hi, 1 / scale
+    chunks = v.view(T, D // 256, 256)
+    e = torch.clamp((chunks.abs().amax(-1).view(torch.int32) >> 23) & 255, max=252)
+    scale = torch.ldexp(torch.ones(T, D // 256), (126 - e).float())
+    hi = (chunks * scale[..., None]).to(torch.float16).view(T, D)
+    s16 = chunks.view(T, D // 256, 16, 16).sum(-1) * scale[..., None]
+    shi = s16.to(torch.float16)
+    slo = (s16 - shi.float()).to(torch.float16)
+    return hi, shi.view(T, D // 16), slo.view(T, D // 16), 1 / scale
+
+
+def _items(ids: np.ndarray, E: int, cap: int):
+    """moe_triton._long_items of the routing -> (flat ids, order, cnt, listed multi-pair starts, their pairs)."""
+    from ds4trt.plugins.kernels import moe_triton
+
+    flat = torch.from_numpy(ids.reshape(-1))
+    order, cnt, _, multis = moe_triton._long_items(flat, torch.bincount(flat, minlength=E), cap)
+    pos = torch.cat([torch.arange(s, s + cnt[s]) for s in multis.tolist()]) if multis.numel() else torch.zeros(0)
+    pairs = order[pos.long()].long()
+    assert pairs.numel() > 0, "no multi-pair items: the test routed too few tokens per expert"
+    return flat, order, cnt, multis, pairs
+
+
+def _only_pairs_written(out: torch.Tensor, pairs: torch.Tensor) -> None:
+    others = torch.ones(out.shape[0], dtype=torch.bool)
+    others[pairs] = False
+    assert torch.isnan(out[others]).all(), "rows of pairs outside the multi-pair items were written"
 
 
 def _check(device, T, E, F, D, k, cap, seed, skew=False):
@@ -67,23 +89,14 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False):
     if skew:                                        # most tokens on expert 0: items of cap pairs and a partial one
         ids[: 3 * T // 4, 0] = 0
         ids[: 3 * T // 4, 1:] = np.where(ids[: 3 * T // 4, 1:] == 0, 1, ids[: 3 * T // 4, 1:])
-    flat = torch.from_numpy(ids.reshape(-1))
-    counts = torch.bincount(flat, minlength=E)
-    order, cnt, _, multis = moe_triton._long_items(flat, counts, cap)
-    vt = torch.from_numpy(v)
-    hi, inv = _split_hi(vt)
+    flat, order, cnt, multis, pairs = _items(ids, E, cap)
+    hi, _, _, inv = _split(torch.from_numpy(v))
     dev = lambda a: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)   # noqa: E731
     h = torch.full((T * k, F), float("nan"), device=device)
     moe_mma.gateup_iq2(dev(hi), dev(inv), dev(flat), dev(w.reshape(-1)), dev(order), dev(cnt), dev(multis),
                        dev(gate), dev(up), h, k, CLAMP, cap)
     h = h.cpu().double()
-    # the pairs of multi-pair items (positions start .. start + cnt of each listed start)
-    pos = torch.cat([torch.arange(s, s + cnt[s]) for s in multis.tolist()]) if multis.numel() else torch.zeros(0)
-    pairs = order[pos.long()].long()
-    assert pairs.numel() > 0, "no multi-pair items: the test routed too few tokens per expert"
-    others = torch.ones(T * k, dtype=torch.bool)
-    others[pairs] = False
-    assert torch.isnan(h[others]).all(), "rows of pairs outside the multi-pair items were written"
+    _only_pairs_written(h, pairs)
     p = pairs.numpy()
     t, e = p // k, ids.reshape(-1)[p]
     want = np.empty((p.size, F))
@@ -95,6 +108,36 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False):
         want[sel] = w.reshape(-1)[p[sel], None] * moe_ref.swiglu(g, u, CLAMP)
     err = _rel(h[pairs], torch.from_numpy(want))
     assert err <= TOL_F16, f"T = {T}, cap = {cap}: relative error {err:.3g}"
+
+
+def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
+    """One long call's multi-pair items through down_q2k against float64 down_e h[pair], h ~ N(0, 1) per pair with
+    a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts matter)."""
+    v, ids, _, (_, _, down) = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
+    if skew:
+        ids[: 3 * T // 4, 0] = 0
+        ids[: 3 * T // 4, 1:] = np.where(ids[: 3 * T // 4, 1:] == 0, 1, ids[: 3 * T // 4, 1:])
+    rng = np.random.default_rng(seed + 1)
+    hv = rng.standard_normal((T * k, F)).astype(np.float32)
+    hv[::7] *= 1e4
+    hv[3::7] *= 1e-4
+    hv[1::5] += 30                                  # a large mean: the min term cancels most of the main one
+    flat, order, cnt, multis, pairs = _items(ids, E, cap)
+    hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
+    dev = lambda a: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)   # noqa: E731
+    y = torch.full((T * k, D), float("nan"), device=device)
+    moe_mma.down_q2k(dev(hh), dev(hsh), dev(hsl), dev(hinv), dev(flat), dev(order), dev(cnt), dev(multis),
+                     dev(down), y, cap)
+    y = y.cpu().double()
+    _only_pairs_written(y, pairs)
+    p = pairs.numpy()
+    e = ids.reshape(-1)[p]
+    for x in np.unique(e):
+        sel = p[e == x]
+        want = hv[sel].astype(np.float64) @ moe_ref.dequantize_expert(down[x], 10).astype(np.float64).T
+        for i, pair in enumerate(sel):              # each pair against its own scale (rows differ by 1e8)
+            err = _rel(y[pair], torch.from_numpy(want[i]))
+            assert err <= TOL_F16, f"T = {T}, cap = {cap}, pair {pair} (expert {x}): relative error {err:.3g}"
 
 
 @pytest.mark.parametrize("cap", [32, 64])
@@ -109,6 +152,23 @@ def test_gateup_iq2_full_items(device, cap):
     _check(device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
 
 
+@pytest.mark.parametrize("cap", [32, 64])
+def test_down_q2k_small(device, cap):
+    """The Q2_K down of the same kind of call: 40 tokens over 8 experts, D = 256 (4 row tiles), F = 512 (2 blocks)."""
+    _check_down(device, 40, 8, 512, 256, 6, cap, _seed("moe mma down", cap))
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_down_q2k_full_items(device, cap):
+    _check_down(device, 100, 8, 256, 256, 2, cap, _seed("moe mma down skew", cap), skew=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.parametrize("cap", [32, 64])
+def test_down_q2k_flash_widths(cap):
+    _check_down("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma down flash", cap))
+
+
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 @pytest.mark.parametrize("cap", [32, 64])
 def test_gateup_iq2_flash_widths(cap):
@@ -119,7 +179,7 @@ def test_gateup_iq2_flash_widths(cap):
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 @pytest.mark.parametrize("cap", [32, 64])
 def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
-    """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up here, the rest Triton's) against the
+    """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
     alone on expert 7 (a one-pair item)."""
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
@@ -139,7 +199,10 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
 @pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
     for cap, warps in moe_mma.WARPS.items():
-        cubin, log = cuda_launch.compile_cubin(moe_mma.kernel(cap // 8, warps), "sm_90", ptxas_verbose=True)
-        assert cubin[:4] == b"\x7fELF"
-        frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        assert frame and frame.groups() == ("0", "0", "0"), f"CAP {cap}: {frame.group(0) if frame else log}"
+        for name in ("moe_gateup_iq2", "moe_down_q2k"):
+            kernel = moe_mma.kernel(name, cap // 8, warps)
+            cubin, log = cuda_launch.compile_cubin(kernel, "sm_90", ptxas_verbose=True)
+            assert cubin[:4] == b"\x7fELF"
+            frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
+                              rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            assert frame and frame.groups() == ("0", "0", "0"), f"{name} CAP {cap}: {frame.group(0) if frame else log}"

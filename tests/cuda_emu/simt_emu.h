@@ -233,8 +233,9 @@ inline u32 mul_f16x2(u32 a, u32 b) {
     return lo | ((u32)hi << 16);
 }
 
-// the copies complete at once (a schedule the hardware may take too; waiting early is not caught here)
+// the copies complete at once (a schedule the hardware may take too; so reading before the wait is not caught)
 inline void cp_async16(void* shared_dst, const void* global_src) { std::memcpy(shared_dst, global_src, 16); }
+inline void cp_async8(void* shared_dst, const void* global_src) { std::memcpy(shared_dst, global_src, 8); }
 inline void cp_async_commit() {}
 template <int N> inline void cp_async_wait() {}
 

@@ -197,3 +197,191 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
             }
         }
 }
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The Q2_K down product of the same items: y[pair, rows] = down_e h[pair], h as split_runs stores it (a row per pair:
+// hi parts, the 16-value run sums' hi and lo parts, inv).
+//
+// Q2_K block (84 bytes): scales[16] (run c = values 16c..16c+15: sc = low nibble, m = high nibble) | qs[64] | f16 d |
+// f16 dmin; value 128n + 32j + l (l < 32) = d * sc * q - dmin * m with q = (qs[32n + l] >> 2j) & 3. A qs word (n, w)
+// (bytes 32n + 4w..) holds, for each j, 4 consecutive values of run 8n + 2j + (w >= 4). The block's k step (n, j, hw)
+// is run 8n + 2j + hw: lane t takes word (n, t + 4hw)'s 4 values of it (sc * q, exact float16 integers <= 45), rows g
+// and g + 8. The min term is one more product per block: m of the 16 runs (exact) against the run sums (hi + lo: it can
+// be large beside the result it is subtracted from), applied with dmin.
+
+#define Q2K_BYTES 84
+
+// where 8-byte unit u of a chunk (values 4u..4u+3: word w = u % 8 of (n, j) = (u / 32, u / 8 % 4)) goes in shared
+// memory: lane t's units of step (n, j, hw = 0, 1) are 32n + 8j + 2t + hw, one 16-byte read
+__device__ __forceinline__ int x8_unit(int u) {
+    const int w = u & 7;
+    return (u & ~7) + 2 * (w & 3) + (w >> 2);
+}
+
+// w[i] for a run-time i < 4 by selects (indexing a register array at run time would put it in local memory)
+__device__ __forceinline__ u32 pick(const u32 (&w)[4], int i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; }
+
+// bytes b, b + 1 of word w (values < 1024) as exact float16 pair
+__device__ __forceinline__ u32 byte_pair_f16(u32 w, u32 sel) { return sub_f16x2(prmt(w, 0x64646464u, sel), 0x64006400u); }
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
+             const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
+             const int* __restrict__ cnt, const int* __restrict__ starts, const unsigned char* __restrict__ down,
+             float* __restrict__ y, int D, int F) {
+    // hh [P, F] float16 bits, hsh / hsl [P, F / 16] float16 bits, hinv [P, F / 256]: split_runs of h; down [E, D,
+    // F / 256 * 84] Q2_K; y [P, D] float32
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of h
+    unsigned char* ss = smem + 2 * CAP * XSTRIDE;               // [2][CAP][64]: their run sums, hi then lo
+    long long* prow = (long long*)(ss + 2 * CAP * 64);          // [CAP] each slot's pair
+    float* inv = (float*)(prow + CAP);                          // [2][CAP]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int item = starts[blockIdx.x], n = cnt[item], nsb = F / 256;
+    const long long row_bytes = (long long)nsb * Q2K_BYTES;
+    const long long e = ids[order[item]];
+    const int row0 = blockIdx.y * ROWS + warp * 16;
+    const long long og = (e * D + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
+
+    for (int s = tid; s < CAP; s += WARPS * 32)
+        prow[s] = s < n ? (long long)order[item + s] : 0;
+    for (int i = tid; i < 2 * CAP * 36; i += WARPS * 32) {     // slots past n: zeros (x rows, then run sums)
+        const int buf = i / (CAP * 36), s = i / 36 % CAP, u = i % 36;
+        if (s >= n) {
+            unsigned char* dst = u < 32 ? xs + (buf * CAP + s) * XSTRIDE + u * 16 : ss + (buf * CAP + s) * 64 + (u - 32) * 16;
+            *(uint4*)dst = uint4{0u, 0u, 0u, 0u};
+        }
+    }
+    __syncthreads();
+
+    auto stage = [&](int blk) {
+        unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
+        unsigned char* sb = ss + (blk & 1) * CAP * 64;
+        for (int i = tid; i < n * 68; i += WARPS * 32) {
+            const int s = i / 68, u = i % 68;
+            if (u < 64)
+                cp_async8(xb + s * XSTRIDE + x8_unit(u) * 8, hh + prow[s] * F + blk * 256 + u * 4);
+            else
+                cp_async16(sb + s * 64 + (u - 64) * 16, ((u - 64) < 2 ? hsh : hsl) + prow[s] * (F / 16) + blk * 16 +
+                                                            ((u - 64) & 1) * 8);
+        }
+        cp_async_commit();
+        for (int s = tid; s < CAP; s += WARPS * 32)
+            inv[(blk & 1) * CAP + s] = s < n ? hinv[prow[s] * nsb + blk] : 0.f;
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4)
+            acc[nt][e4] = 0.f;
+    stage(0);
+    for (int blk = 0; blk < nsb; ++blk) {
+        if (blk + 1 < nsb) {
+            stage(blk + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
+        const unsigned char* sb = ss + (blk & 1) * CAP * 64;
+        const float* ib = inv + (blk & 1) * CAP;
+        const long long bg = og + (long long)blk * Q2K_BYTES, b8 = o8 + (long long)blk * Q2K_BYTES;
+        u32 scg[4], sc8[4];                                     // the 16 scale bytes of rows g, g + 8
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            scg[i] = __ldg((const u32*)(down + bg) + i);
+            sc8[i] = __ldg((const u32*)(down + b8) + i);
+        }
+        const u32 ddg = __ldg((const u32*)(down + bg + 80)), dd8 = __ldg((const u32*)(down + b8 + 80));
+        float c[NT][4];
+        // the min term: m of runs 2t, 2t + 1 (a0 / a1) and 2t + 8, 2t + 9 (a2 / a3) against the run sums
+        {
+            const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
+            const u32 m0 = byte_pair_f16((pick(scg, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+            const u32 m1 = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+            const u32 m2 = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+            const u32 m3 = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const u32* sums = (const u32*)(sb + (8 * nt + g) * 64);
+#pragma unroll
+                for (int e4 = 0; e4 < 4; ++e4)
+                    c[nt][e4] = 0.f;
+                mma(c[nt], m0, m1, m2, m3, sums[t], sums[t + 4]);           // hi parts
+                mma(c[nt], m0, m1, m2, m3, sums[8 + t], sums[12 + t]);      // lo parts
+            }
+            const float dming = f16_to_f32((u16)(ddg >> 16)), dmin8 = f16_to_f32((u16)(dd8 >> 16));
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float i0 = ib[8 * nt + 2 * t], i1 = ib[8 * nt + 2 * t + 1];
+                acc[nt][0] -= dming * i0 * c[nt][0];
+                acc[nt][1] -= dming * i1 * c[nt][1];
+                acc[nt][2] -= dmin8 * i0 * c[nt][2];
+                acc[nt][3] -= dmin8 * i1 * c[nt][3];
+#pragma unroll
+                for (int e4 = 0; e4 < 4; ++e4)
+                    c[nt][e4] = 0.f;
+            }
+        }
+        // the main term: steps (n, j, hw)
+#pragma unroll 1
+        for (int half = 0; half < 2; ++half) {
+            u32 qg[2], q8[2];                                   // qs words (half, t + 4hw) of rows g, g + 8
+#pragma unroll
+            for (int hw = 0; hw < 2; ++hw) {
+                qg[hw] = __ldg((const u32*)(down + bg + 16 + 32 * half + 4 * (t + 4 * hw)));
+                q8[hw] = __ldg((const u32*)(down + b8 + 16 + 32 * half + 4 * (t + 4 * hw)));
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 sg = (half ? scg[2 + (j >> 1)] : scg[j >> 1]) & 0x0f0f0f0fu;     // scale bytes of runs
+                const u32 s8 = (half ? sc8[2 + (j >> 1)] : sc8[j >> 1]) & 0x0f0f0f0fu;     // 8 half + 4 (j / 2) ..
+                uint4 xv[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    xv[nt] = *(const uint4*)(xb + (8 * nt + g) * XSTRIDE + (256 * half + 64 * j + 16 * t));
+#pragma unroll
+                for (int hw = 0; hw < 2; ++hw) {
+                    const u32 b = 2 * (j & 1) + hw;                 // the run's byte in its scale word
+                    const u32 sel = 0x4040u | b | (b << 8);
+                    const u32 scale_g = byte_pair_f16(sg, sel), scale_8 = byte_pair_f16(s8, sel);
+                    const u32 wg = (qg[hw] >> (2 * j)) & 0x03030303u, w8 = (q8[hw] >> (2 * j)) & 0x03030303u;
+                    const u32 a0 = mul_f16x2(byte_pair_f16(wg, 0x4140u), scale_g);
+                    const u32 a1 = mul_f16x2(byte_pair_f16(w8, 0x4140u), scale_8);
+                    const u32 a2 = mul_f16x2(byte_pair_f16(wg, 0x4342u), scale_g);
+                    const u32 a3 = mul_f16x2(byte_pair_f16(w8, 0x4342u), scale_8);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        mma(c[nt], a0, a1, a2, a3, hw ? xv[nt].z : xv[nt].x, hw ? xv[nt].w : xv[nt].y);
+                }
+            }
+        }
+        const float dg = f16_to_f32((u16)ddg), d8 = f16_to_f32((u16)dd8);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float i0 = ib[8 * nt + 2 * t], i1 = ib[8 * nt + 2 * t + 1];
+            acc[nt][0] += dg * i0 * c[nt][0];
+            acc[nt][1] += dg * i1 * c[nt][1];
+            acc[nt][2] += d8 * i0 * c[nt][2];
+            acc[nt][3] += d8 * i1 * c[nt][3];
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4) {
+            const int s = 8 * nt + 2 * t + (e4 & 1), row = row0 + g + 8 * (e4 >> 1);
+            if (s < n)
+                y[prow[s] * D + row] = acc[nt][e4];
+        }
+}

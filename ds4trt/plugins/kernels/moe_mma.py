@@ -1,9 +1,11 @@
-"""The routed experts' gate / up product of long calls (prefill chunks) on the tensor cores, for IQ2_XXS gate and up
-(ds4's q2 mix): moe_mma.cu, built and launched by cuda_launch.
+"""The routed experts of long calls (prefill chunks) on the tensor cores, for ds4's q2 mix (IQ2_XXS gate and up, Q2_K
+down): moe_mma.cu, built and launched by cuda_launch.
 
     gateup_iq2(hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks, h, n_slots, clamp, cap)
         h[pair, :] = weight * swiglu(gate_e x_t, up_e x_t) for the pairs of the listed multi-pair items
-    kernel(nt, warps) / smem_bytes(cap) / tables(device)
+    down_q2k(hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, cap)
+        y[pair, :] = down_e h[pair] for the same pairs
+    kernel(name, nt, warps) / smem_bytes(name, cap) / tables(device)
 
 Why: moe_triton's _moe_gateup_multi decodes a [rows, 256] block tile into registers and hands it to tl.dot, which
 takes 255 registers and runs one 4-warp program per SM (12.5 % occupancy, ncu: latency-bound); the routed experts are
@@ -28,25 +30,30 @@ import torch
 
 from ds4trt.plugins.kernels import cuda_launch
 
-IQ2_XXS = 16
+Q2_K, IQ2_XXS = 10, 16
 XSTRIDE = 576                 # bytes of a token's chunk in shared memory (moe_mma.cu)
 WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not swept yet
 
 
-def use_mma(gate_type: int, up_type: int, parts: int, F: int) -> bool:
-    """Whether a long call's multi-pair gate/up goes here: DS4_MOE_MMA=1, IQ2_XXS gate and up, one activation part,
-    and F a multiple of every row tile."""
-    return (os.environ.get("DS4_MOE_MMA") == "1" and gate_type == up_type == IQ2_XXS and parts == 1
-            and all(F % (16 * w) == 0 for w in WARPS.values()))
+def use_mma(ggml_type: int, parts: int, rows: int) -> bool:
+    """Whether a long call's multi-pair products of a matrix of this type and rows go here: DS4_MOE_MMA=1, one
+    activation part, an IQ2_XXS gate / up or a Q2_K down (moe_forward asks for each), rows a multiple of every row
+    tile."""
+    return (os.environ.get("DS4_MOE_MMA") == "1" and ggml_type in (IQ2_XXS, Q2_K) and parts == 1
+            and all(rows % (16 * w) == 0 for w in WARPS.values()))
 
 
-def kernel(nt: int, warps: int) -> cuda_launch.Kernel:
-    return cuda_launch.Kernel("moe_mma.cu", "moe_gateup_iq2", (("NT", nt), ("WARPS", warps)))
+def kernel(name: str, nt: int, warps: int) -> cuda_launch.Kernel:
+    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles and `warps` warps."""
+    return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps)))
 
 
-def smem_bytes(cap: int) -> int:
-    """Two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, 2 invs, weight, pair."""
-    return 2 * cap * XSTRIDE + 384 * 16 + cap * (8 + 8 + 4 + 4)
+def smem_bytes(name: str, cap: int) -> int:
+    """gate/up: two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, 2 invs,
+    weight, pair; down: two chunks of h and of its run sums (64 bytes a slot), and per slot its pair and 2 invs."""
+    if name == "moe_gateup_iq2":
+        return 2 * cap * XSTRIDE + 384 * 16 + cap * (8 + 8 + 4 + 4)
+    return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
 
 
 @functools.cache
@@ -90,7 +97,30 @@ def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: 
                          f"{list(inv.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, ids {ids.dtype}, "
                          f"cap {cap})")
     if starts.numel():
-        cuda_launch.launch(hi.device, kernel(cap // 8, warps), (starts.numel(), F // (16 * warps)), warps * 32,
-                           smem_bytes(cap), (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
+        name = "moe_gateup_iq2"
+        cuda_launch.launch(hi.device, kernel(name, cap // 8, warps), (starts.numel(), F // (16 * warps)), warps * 32,
+                           smem_bytes(name, cap), (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
                                              tables(hi.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
     return h
+
+
+def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch.Tensor, ids: torch.Tensor,
+             order: torch.Tensor, cnt: torch.Tensor, starts: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor,
+             cap: int) -> torch.Tensor:
+    """hh float16 [P, F], hsh, hsl float16 [P, F / 16], hinv float32 [P, F / 256] (split_runs of h: hi, the run sums'
+    hi and lo, inv); ids int64 [P]; order, cnt, starts as gateup_iq2's; down_blocks uint8 [E, D, F / 256 * 84] Q2_K;
+    y float32 [P, D] -> y, its rows of the items' pairs written."""
+    P, F = hh.shape
+    E, D, row_bytes = down_blocks.shape
+    warps = WARPS[cap]
+    if (hh.dtype != torch.float16 or hsh.shape != (P, F // 16) or hsl.shape != hsh.shape
+            or hinv.shape != (P, F // 256) or F % 256 or row_bytes != F // 256 * 84 or D % (16 * warps)
+            or y.shape[1] != D or ids.dtype != torch.int64 or cap % 8):
+        raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
+                         f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y {list(y.shape)}, "
+                         f"ids {ids.dtype}, cap {cap})")
+    if starts.numel():
+        name = "moe_down_q2k"
+        cuda_launch.launch(hh.device, kernel(name, cap // 8, warps), (starts.numel(), D // (16 * warps)), warps * 32,
+                           smem_bytes(name, cap), (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
+    return y

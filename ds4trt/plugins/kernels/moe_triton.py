@@ -23,8 +23,9 @@ synchronization, so a CUDA graph can capture a call:
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
 with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
-expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. With DS4_MOE_MMA=1, an
-IQ2_XXS gate/up's multi-pair items go to moe_mma's CUDA C++ kernel instead (not yet measured: moe_mma.py).
+expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. With DS4_MOE_MMA=1, the
+multi-pair items of an IQ2_XXS gate/up and of a Q2_K down (one activation part) go to moe_mma's CUDA C++ kernels
+instead (not yet measured: moe_mma.py).
 
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as integer
 dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the activations stored
@@ -1223,7 +1224,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  QD=down_type == Q2_K, COMPACT=long,
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
-    if n_multi and long and moe_mma.use_mma(gate_type, up_type, parts, F):
+    if n_multi and long and moe_mma.use_mma(gate_type, parts, F) and up_type == gate_type == IQ2_XXS:
         hi, _, _, _, inv = split_runs(v)
         moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), ws.order, ws.cnt, m_starts, gate_blocks, up_blocks,
                            ws.h, k, clamp, cap)
@@ -1242,7 +1243,10 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
-    if n_multi:
+    if n_multi and long and moe_mma.use_mma(down_type, parts, D) and down_type == Q2_K:
+        hh, _, hsh, hsl, hinv = split_runs(ws.h)
+        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, ws.order, ws.cnt, m_starts, down_blocks, ws.y, cap)
+    elif n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
                                              D, de, NSB=F // QK,

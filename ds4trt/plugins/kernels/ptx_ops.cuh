@@ -54,6 +54,11 @@ __device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+__device__ __forceinline__ void cp_async8(void* shared_dst, const void* global_src) {
+    const u32 dst = (u32)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(global_src) : "memory");
+}
+
 // wait until at most N of this thread's committed groups are still in flight
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
