@@ -18,13 +18,13 @@ import pytest
 import torch
 
 import cuda_emu
+from triton_env import DEVICE, GPU, INTERP
 from ds4trt.plugins import moe as moe_ref
 from ds4trt.plugins.kernels import cuda_launch, moe_mma
 from moe_cases import random_moe_inputs
 from test_kernels import CLAMP, TOL_F16, _rel, _seed
 
 IQ2_XXS = 16
-GPU = torch.cuda.is_available()
 
 
 def _nvrtc_loads() -> bool:
@@ -176,23 +176,32 @@ def test_gateup_iq2_flash_widths(cap):
     _check("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma flash", cap))
 
 
-@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.skipif(not (GPU or INTERP and cuda_emu.available()),
+                    reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (the Triton kernels beside)")
 @pytest.mark.parametrize("cap", [32, 64])
 def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
     """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
-    alone on expert 7 (a one-pair item)."""
+    alone on expert 7 (a one-pair item). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the
+    CPU stand-in."""
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
 
+    if not GPU:
+        monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
+    calls = []
+    for name in ("gateup_iq2", "down_q2k"):
+        fn = getattr(moe_mma, name)
+        monkeypatch.setattr(moe_mma, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
     types = (IQ2_XXS, IQ2_XXS, 10)
     T = 40
     v, _, w, blocks = _small_case(types, seed=_seed("moe mma forward", cap), T=T)
     rng = np.random.default_rng(_seed("moe mma forward ids", cap))
     ids = np.stack([rng.permutation(7)[:3] for _ in range(T)]).astype(np.int64)
     ids[0, 0] = 7
-    dev = [torch.from_numpy(a).cuda() for a in (v, ids, w, *blocks)]
+    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1, 1))
+    assert calls == ["gateup_iq2", "down_q2k"]
     assert _rel(got, _moe_ref64(*dev[:3], _deq_experts(blocks, types, range(8)), CLAMP)) <= TOL_F16
 
 
