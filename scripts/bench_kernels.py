@@ -77,6 +77,7 @@ from ds4trt.plugins.kernels import f16_triton as F16  # noqa: E402
 from ds4trt.plugins.kernels import hc_triton as H  # noqa: E402
 from ds4trt.plugins.kernels import index_triton as I  # noqa: E402
 from ds4trt.plugins.kernels import moe_triton as M  # noqa: E402
+from ds4trt.plugins.kernels import moe_mma as MM  # noqa: E402
 from ds4trt.plugins.kernels import q8_mma as QM  # noqa: E402
 from ds4trt.plugins.kernels import q8_triton as Q  # noqa: E402
 from ds4trt.plugins.kernels import topk_triton as TK  # noqa: E402
@@ -112,6 +113,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
                 (64, 8, 528, 1, 2)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (128, 8, 528, 1, 2), (32, 2, 528, 1, 2))}
+MM_SWEEP_WARPS = (2, 8)              # moe_mma's warps a program other than its WARPS (--cases moe_long, the sweep)
 MMA_TS = (1, 2, 3, 4, 5, 8, 9, 16)   # rows of case q8_mma: decode, verify of 1..8 drafts, 16 (two x tiles)
 SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
 CLAMP = 10.0
@@ -316,14 +318,20 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
-        if mix == "q2":                                   # the same call with the tensor-core gate/up (moe_mma)
-            def run_mma(run=run):
+        if mix == "q2":                  # the same call with moe_mma's tensor-core gate/up and down, at its WARPS
+            def run_mma(run=run, warps=None):  # (or all `warps` in a sweep)
                 os.environ["DS4_MOE_MMA"] = "1"
+                saved = dict(MM.WARPS)
+                MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
                 try:
-                    run(label=" (DS4_MOE_MMA=1)")
+                    run(label=f" (DS4_MOE_MMA=1{f', {warps} warps' if warps else ''})")
                 finally:
                     del os.environ["DS4_MOE_MMA"]
+                    MM.WARPS.update(saved)
             guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=1", results, run_mma)
+            if sweeps is not None and T >= 512:
+                for warps in MM_SWEEP_WARPS:
+                    sweeps.append(lambda run_mma=run_mma, warps=warps: run_mma(warps=warps))
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first

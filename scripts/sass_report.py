@@ -4,7 +4,7 @@
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long [--long-config C ...]]
                                    [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--q8-mma NT:MT:WARPS:PF ...]
-                                   [--dump DIR]
+                                   [--moe-mma NT:WARPS ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
@@ -13,7 +13,9 @@ hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' mult
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
 _attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches; the tensor-core Q8_0 kernel
 q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches: its "loop" is one span of 256 values
-of each of the warp's rows, its shared memory that of MAX_SPANS spans), and prints registers per
+of each of the warp's rows, its shared memory that of MAX_SPANS spans; with --long also the long calls' tensor-core
+MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches: gate/up's "loop" is half a block (128 values)
+of a warp's 16 rows of one matrix, down's a half block of the main term), and prints registers per
 thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g.
 one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
 barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
@@ -57,6 +59,9 @@ def main() -> int:
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
+    ap.add_argument("--moe-mma", nargs="*", type=lambda s: tuple(int(v) for v in s.split(":")), default=None,
+                    metavar="NT:WARPS", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = 8 NT) and warps "
+                                             "(default: moe_mma.WARPS)")
     ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
                     help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
                          "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
@@ -102,6 +107,13 @@ def main() -> int:
                 report(f"moe_down_multi_t{down}_{name}", W.moe_down_multi(down, D, F, cap, br, warps, True, stages,
                                                                           parts))
         report(f"q8_dequant_f16_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_f16(D))
+        from ds4trt.plugins.kernels import cuda_launch, moe_mma
+        for nt, warps in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
+            for name in ("moe_gateup_iq2", "moe_down_q2k"):
+                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps), "sm_90")
+                label = f"{name}_cap{8 * nt}_{warps}w"
+                rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt),
+                                                     innermost_mma=True, function=name)))
         report("attend_long", W.attend_long(A.LONG_CONFIG))
         for config in args.top_config or [A.TOP_CONFIG]:
             report("attend_top_" + "x".join(map(str, config)), W.attend_top(config))

@@ -112,11 +112,13 @@ def sass_stats(kernel, math: bool = True) -> dict:
     return cubin_stats(kernel.asm["cubin"], kernel.metadata.name, kernel.metadata.shared, math)
 
 
-def cubin_stats(cubin: bytes, name: str, shared: int, math: bool = True, innermost_mma: bool = False) -> dict:
-    """sass_stats of any cubin (the CUDA C++ kernels that NVRTC compiles, q8_mma); shared: its shared memory
+def cubin_stats(cubin: bytes, name: str, shared: int, math: bool = True, innermost_mma: bool = False,
+                function: str | None = None) -> dict:
+    """sass_stats of any cubin (the CUDA C++ kernels that NVRTC compiles, q8_mma, moe_mma); shared: its shared memory
     bytes, as the caller knows them (dynamic shared memory is not in the cubin); innermost_mma: "loop" counts the
-    innermost loop with matrix instructions (loop_instructions)."""
-    code = _cuobjdump(cubin, "-res-usage", "-sass")                     # the resource line, then the SASS
+    innermost loop with matrix instructions (loop_instructions); function: that kernel alone of a cubin that holds
+    several."""
+    code = _cuobjdump(cubin, "-res-usage", "-sass", *(("-fun", function) if function else ()))   # resources, SASS
     if math and "FFMA" not in code and "MMA" not in code:
         raise RuntimeError(f"sm90.sass_stats: no FFMA/MMA in the disassembly of {name}")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", code, re.M)
