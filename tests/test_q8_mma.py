@@ -210,3 +210,13 @@ def test_q8_mma_rejects_bad_arguments():
         q8_mma.q8_mma_matmul(torch.zeros(1, K), quants, scales, K)
     with pytest.raises(ValueError, match="multiple of the row tile 128"):
         q8_mma.q8_mma_matmul(torch.zeros(1, 2 * K, device="cuda"), quants, scales, K, groups=2)
+
+
+def test_cuda_kernels_say_what_to_install(monkeypatch):
+    """Without cuda-bindings, building a CUDA C++ kernel (the opt-in DS4_Q8_MMA / DS4_MOE_MMA paths) fails with a
+    one-line error naming the packages, not an ImportError from deep inside."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(RuntimeError, match="need cuda-bindings and NVRTC: pip install cuda-bindings nvidia-cuda-nvrtc"):
+        q8_mma.compile_cubin("sm_90", 1, 2, 4, False)

@@ -32,8 +32,7 @@ class Kernel(NamedTuple):
 def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tuple[bytes, str]:
     """kernel for arch ("sm_90") -> (cubin, NVRTC's log; with ptxas_verbose it holds ptxas' registers / spills
     lines). Raises RuntimeError with the log."""
-    from cuda.bindings import nvrtc
-
+    nvrtc = _bindings("nvrtc")
     opts = [f"--gpu-architecture={arch}", "-std=c++17", *(f"-D{k}={v}" for k, v in kernel.defines)]
     if ptxas_verbose:
         opts.append("--ptxas-options=-v")
@@ -59,6 +58,15 @@ def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tup
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def _bindings(name: str):
+    """cuda.bindings' module `name` ("nvrtc", "driver"), or a one-line error saying what to install."""
+    try:
+        return getattr(__import__("cuda.bindings", fromlist=[name]), name)
+    except ImportError as e:
+        raise RuntimeError(f"the CUDA C++ kernels (DS4_Q8_MMA=1, DS4_MOE_MMA=1) need cuda-bindings and NVRTC: pip install "
+                           f"cuda-bindings nvidia-cuda-nvrtc ({e})") from None
+
+
 def _check(err, what: str) -> None:
     if int(err) != 0:
         raise RuntimeError(f"cuda_launch: {what} failed: {err!r}")
@@ -68,8 +76,7 @@ def _check(err, what: str) -> None:
 def _function(device_index: int, kernel: Kernel):
     """The kernel loaded into PyTorch's context of the device, allowed the device's largest dynamic shared memory.
     Not allowed during a CUDA graph capture: the backends run each step once before capturing it."""
-    from cuda.bindings import driver
-
+    driver = _bindings("driver")
     major, minor = torch.cuda.get_device_capability(device_index)
     cubin, _ = compile_cubin(kernel, f"sm_{major}{minor}")
     with torch.cuda.device(device_index):                             # PyTorch's primary context made current
@@ -91,9 +98,9 @@ def _function(device_index: int, kernel: Kernel):
 def launch(device: torch.device, kernel: Kernel, grid: tuple[int, ...], threads: int, smem: int, args: tuple) -> None:
     """kernel over grid (x[, y]) programs of `threads` threads with `smem` bytes of dynamic shared memory, on PyTorch's
     current stream of `device`."""
-    from cuda.bindings import driver
-
     from ds4trt.plugins.kernels.pdl import pdl_launch
+
+    driver = _bindings("driver")
 
     _, fn = _function(device.index if device.index is not None else torch.cuda.current_device(), kernel)
     cfg = driver.CUlaunchConfig()
