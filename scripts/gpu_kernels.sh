@@ -7,7 +7,7 @@
 #   2. python3 -m pytest tests/test_kernels.py tests/test_q8_mma.py tests/test_moe_mma.py tests/test_cuda_backend.py:
 #      every GPU test (TESTS="files" or skip; they took ~6 min on the H200 before test_q8_mma.py, so a run within the device
 #      tool's 10-minute limit splits: TESTS first, then TESTS=skip with the benchmarks);
-#   3. python3 scripts/bench_kernels.py (budget 80 s; skipped with BENCH_KERNELS=0);
+#   3. python3 scripts/bench_kernels.py $BENCH_ARGS (default --budget 80: every case; skipped with BENCH_KERNELS=0);
 #   4. python3 scripts/bench_decode.py $DECODE_ARGS (whole model at Flash width; skipped with DECODE_ARGS=skip).
 # Each stage's output is tee'd to $OUT (default /tmp/ds4trt_kernels): env.log, tests.log, bench.log,
 # decode.log and the benchmarks' JSON. The benchmarks run even when a test fails. Exit status 0 only if all passed.
@@ -40,8 +40,9 @@ fi
 
 bench_rc=0
 if [ "${BENCH_KERNELS:-1}" != 0 ]; then
-    echo "== benchmark: python3 scripts/bench_kernels.py"
-    timeout 200 python3 scripts/bench_kernels.py --budget 80 2>&1 | tee "$OUT/bench.log"
+    echo "== benchmark: python3 scripts/bench_kernels.py ${BENCH_ARGS:=--budget 80}"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+    timeout 400 python3 scripts/bench_kernels.py $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
     bench_rc=$?
 fi
 
