@@ -60,8 +60,8 @@ def main() -> int:
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
     ap.add_argument("--moe-mma", nargs="*", type=lambda s: tuple(int(v) for v in s.split(":")), default=None,
-                    metavar="NT:WARPS", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = 8 NT) and warps "
-                                             "(default: moe_mma.WARPS)")
+                    metavar="NT:WARPS[:NIB]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = 8 NT), "
+                                                   "warps and gate/up table form (default: moe_mma.WARPS, moe_mma.NIB)")
     ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
                     help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
                          "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
@@ -108,11 +108,12 @@ def main() -> int:
                                                                           parts))
         report(f"q8_dequant_f16_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_f16(D))
         from ds4trt.plugins.kernels import cuda_launch, moe_mma
-        for nt, warps in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
+        for nt, warps, *nib in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
+            nib = bool(nib[0]) if nib else moe_mma.NIB
             for name in ("moe_gateup_iq2", "moe_down_q2k"):
-                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps), "sm_90")
-                label = f"{name}_cap{8 * nt}_{warps}w"
-                rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt),
+                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib), "sm_90")
+                label = f"{name}_cap{8 * nt}_{warps}w" + ("_nib" if nib and name == "moe_gateup_iq2" else "")
+                rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt, nib),
                                                      innermost_mma=True, function=name)))
         report("attend_long", W.attend_long(A.LONG_CONFIG))
         for config in args.top_config or [A.TOP_CONFIG]:

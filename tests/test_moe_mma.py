@@ -140,15 +140,19 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
             assert err <= TOL_F16, f"T = {T}, cap = {cap}, pair {pair} (expert {x}): relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("nib", [True, False], ids=["nibble tables", "float16 tables"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_small(device, cap):
+def test_gateup_iq2_small(device, cap, nib, monkeypatch):
     """A call of 40 tokens over 8 experts (~30 pairs each: items of 2..30 pairs), 4 row tiles of 64."""
+    monkeypatch.setattr(moe_mma, "NIB", nib)
     _check(device, 40, 8, 256, 512, 6, cap, _seed("moe mma", cap))
 
 
+@pytest.mark.parametrize("nib", [True, False], ids=["nibble tables", "float16 tables"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_full_items(device, cap):
+def test_gateup_iq2_full_items(device, cap, nib, monkeypatch):
     """Most tokens on one expert: items of exactly cap pairs beside a partial one and the other experts' items."""
+    monkeypatch.setattr(moe_mma, "NIB", nib)
     _check(device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
 
 
@@ -208,10 +212,10 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
 @pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
     for cap, warps in moe_mma.WARPS.items():
-        for name in ("moe_gateup_iq2", "moe_down_q2k"):
-            kernel = moe_mma.kernel(name, cap // 8, warps)
+        for name, nib in (("moe_gateup_iq2", True), ("moe_gateup_iq2", False), ("moe_down_q2k", moe_mma.NIB)):
+            kernel = moe_mma.kernel(name, cap // 8, warps, nib)
             cubin, log = cuda_launch.compile_cubin(kernel, "sm_90", ptxas_verbose=True)
             assert cubin[:4] == b"\x7fELF"
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                               rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            assert frame and frame.groups() == ("0", "0", "0"), f"{name} CAP {cap}: {frame.group(0) if frame else log}"
+            assert frame and frame.groups() == ("0", "0", "0"), f"{kernel}: {frame.group(0) if frame else log}"

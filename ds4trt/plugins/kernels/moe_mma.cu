@@ -13,16 +13,23 @@
 //
 // IQ2_XXS block (66 bytes: f16 d, then 8 records of (u32 A, u32 B), one per 32-value sub-block): value 8r + i of
 // sub-block sb = d / 8 * (2s + 1) * grid[A byte r][i] * (bit i of ksigns[B bits 7r..7r+6] ? -1 : 1), s = B >> 28.
-// Here (2s + 1) * grid * sign is an exact float16 integer (|.| <= 31 * 43 = 1333), made from two shared tables (the
-// grid's magnitudes as float16, the signs as 0x8000 masks) by one packed multiply and one xor per pair of values;
-// d / 8 and inv are applied in float32 after each block.
+// Here (2s + 1) * grid * sign is an exact float16 integer (|.| <= 31 * 43 = 1333), made from two shared tables and
+// applied d / 8 and inv in float32 after each block. Two forms (NIB):
+//   NIB 1: tables of 32-bit words: each grid entry's 2-bit codes as nibbles (value i at bits 4i), each sign index's
+//          bits at bit 2 of those nibbles, so that codes | signs selects, by two byte permutes, each value's 128 +-
+//          magnitude from an 8-byte table of them; a third permute and a packed subtraction of 1152 make float16 pairs
+//          (as q8_mma.cu), a packed multiply the scale. A run: 2 4-byte table reads, ~15 operations.
+//   NIB 0: tables of 16-byte rows: the grid's magnitudes as float16, the signs as 0x8000 masks: one packed multiply
+//          and one xor per pair. A run: 2 16-byte table reads, ~8 operations. A warp's 16-byte reads of random rows
+//          take ~2.5 times the shared-memory passes of conflict-free ones (8 lanes a pass, rows sharing banks), its
+//          4-byte reads ~3.5 passes for all 32 lanes: NIB 1 moves a third of the table traffic for more operations.
 //
 // Fragments (mma.m16n8k16, lane = 4 g + t): in the block's k step (h, r, half) lane t holds values 4 half .. 4 half +
 // 3 of run r of sub-block t + 4h, rows g and g + 8 (a0, a2 row g; a1, a3 row g + 8), and x's same 4 values of token
 // column g (b0, b1): the 16 k slots of a step are 4 lanes' runs of different sub-blocks, which is no matter, since A
 // and B agree on them. So a lane reads only its own two records of a row per block.
 //
-// Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS.
+// Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS, NIB (the gate/up's table form).
 
 #include "ptx_ops.cuh"
 
@@ -59,8 +66,26 @@ __device__ __forceinline__ u32 run_scale(u32 b) {
     return h | (h << 16);
 }
 
+#if NIB
+typedef u32 TabRow;
+#define TAB_BYTES (384 * 4)
+// 128 + magnitude for codes 0, 1, 2 (bytes 0..2), 128 - magnitude with the sign nibble bit 2 set (bytes 4..6)
+#define LUT_POS (136u | 153u << 8 | 171u << 16)
+#define LUT_NEG (120u | 103u << 8 | 85u << 16)
+
 // run r of a record: its 8 values (2s + 1) * grid * sign as float16 pairs v[j] = values 2j, 2j + 1
-__device__ __forceinline__ void iq2_run(const uint4* tab, u32 a, u32 b, u32 scale, int r, u32 (&v)[4]) {
+__device__ __forceinline__ void iq2_run(const TabRow* tab, u32 a, u32 b, u32 scale, int r, u32 (&v)[4]) {
+    const u32 sel = tab[(a >> (8 * r)) & 255] | tab[256 + ((b >> (7 * r)) & 127)];
+    const u32 lo = prmt(LUT_POS, LUT_NEG, sel), hi = prmt(LUT_POS, LUT_NEG, sel >> 16);   // 128 +- m, values 0..7
+    v[0] = mul_f16x2(sub_f16x2(prmt(lo, 0x64646464u, 0x4140), 0x64806480u), scale);
+    v[1] = mul_f16x2(sub_f16x2(prmt(lo, 0x64646464u, 0x4342), 0x64806480u), scale);
+    v[2] = mul_f16x2(sub_f16x2(prmt(hi, 0x64646464u, 0x4140), 0x64806480u), scale);
+    v[3] = mul_f16x2(sub_f16x2(prmt(hi, 0x64646464u, 0x4342), 0x64806480u), scale);
+}
+#else
+typedef uint4 TabRow;
+#define TAB_BYTES (384 * 16)
+__device__ __forceinline__ void iq2_run(const TabRow* tab, u32 a, u32 b, u32 scale, int r, u32 (&v)[4]) {
     const uint4 m = tab[(a >> (8 * r)) & 255];
     const uint4 s = tab[256 + ((b >> (7 * r)) & 127)];
     v[0] = mul_f16x2(m.x, scale) ^ s.x;
@@ -68,11 +93,12 @@ __device__ __forceinline__ void iq2_run(const uint4* tab, u32 a, u32 b, u32 scal
     v[2] = mul_f16x2(m.z, scale) ^ s.z;
     v[3] = mul_f16x2(m.w, scale) ^ s.w;
 }
+#endif
 
 // acc[x tile] += d / 8 * inv[column] * (one block of rows g, g + 8 at byte offsets og, o8, against the chunk xb)
 __device__ __forceinline__ void block_product(float (&acc)[NT][4], const unsigned char* __restrict__ w, long long og,
                                               long long o8, const unsigned char* xb, const float* inv,
-                                              const uint4* tab, int g, int t) {
+                                              const TabRow* tab, int g, int t) {
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -113,10 +139,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const long long* __restrict__ ids,
                const float* __restrict__ wts, const int* __restrict__ order, const int* __restrict__ cnt,
                const int* __restrict__ starts, const unsigned char* __restrict__ gate,
-               const unsigned char* __restrict__ up, const uint4* __restrict__ tables, float* __restrict__ h,
+               const unsigned char* __restrict__ up, const TabRow* __restrict__ tables, float* __restrict__ h,
                int n_slots, int F, int D, float clamp) {
     // xh [R, D] float16 bits, xinv [R, D / 256]: split_runs' hi and inv, a row per token; ids, wts [P]: each pair's
-    // expert and weight; gate, up [E, F, D / 256 * 66] IQ2_XXS; tables [384]: 256 grid rows, 128 sign rows;
+    // expert and weight; gate, up [E, F, D / 256 * 66] IQ2_XXS; tables [384]: 256 grid rows, 128 sign rows (NIB);
     // h [P, F] float32
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");      // programmatic dependent launch (pdl.py's contract)
@@ -124,8 +150,8 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
 #endif
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of x
-    uint4* tab = (uint4*)(smem + 2 * CAP * XSTRIDE);           // [384]
-    long long* tokrow = (long long*)(tab + 384);                // [CAP] offset of each slot's token row in xh
+    TabRow* tab = (TabRow*)(smem + 2 * CAP * XSTRIDE);         // [384]
+    long long* tokrow = (long long*)(smem + 2 * CAP * XSTRIDE + TAB_BYTES);   // [CAP] each slot's token row in xh
     float* inv = (float*)(tokrow + CAP);                        // [2][CAP] each chunk's inv of each slot
     float* wslot = inv + 2 * CAP;                               // [CAP]
     int* pslot = (int*)(wslot + CAP);                           // [CAP]

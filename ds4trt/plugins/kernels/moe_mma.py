@@ -33,6 +33,9 @@ from ds4trt.plugins.kernels import cuda_launch
 Q2_K, IQ2_XXS = 10, 16
 XSTRIDE = 576                 # bytes of a token's chunk in shared memory (moe_mma.cu)
 WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not swept yet
+# the gate/up's IQ2_XXS tables (moe_mma.cu): True, 4-byte nibble selectors (fewer shared-memory passes, more
+# operations); False, 16-byte float16 rows. Not measured yet: True on the arithmetic of bank conflicts alone.
+NIB = True
 
 
 def use_mma(ggml_type: int, parts: int, rows: int) -> bool:
@@ -43,40 +46,48 @@ def use_mma(ggml_type: int, parts: int, rows: int) -> bool:
             and all(rows % (16 * w) == 0 for w in WARPS.values()))
 
 
-def kernel(name: str, nt: int, warps: int) -> cuda_launch.Kernel:
-    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles and `warps` warps."""
-    return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps)))
+def kernel(name: str, nt: int, warps: int, nib: bool | None = None) -> cuda_launch.Kernel:
+    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles, `warps` warps and the
+    gate/up's table form (NIB when None)."""
+    return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps), ("NIB", int(NIB if nib is None
+                                                                                           else nib))))
 
 
-def smem_bytes(name: str, cap: int) -> int:
+def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
     """gate/up: two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, 2 invs,
-    weight, pair; down: two chunks of h and of its run sums (64 bytes a slot), and per slot its pair and 2 invs."""
+    weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and of its run sums (64 bytes a slot),
+    and per slot its pair and 2 invs."""
     if name == "moe_gateup_iq2":
-        return 2 * cap * XSTRIDE + 384 * 16 + cap * (8 + 8 + 4 + 4)
+        return 2 * cap * XSTRIDE + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 8 + 4 + 4)
     return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
 
 
 @functools.cache
-def _tables_np() -> np.ndarray:
-    """uint16 [384, 8]: rows 0..255 the IQ2_XXS grid's magnitudes as float16, rows 256..383 ksigns' sign bits as
-    float16 sign masks (0x8000 where the value is negated), from gguf's tables."""
+def _tables_np(nib: bool) -> np.ndarray:
+    """The gate/up kernel's IQ2_XXS tables, from gguf's: nib, uint32 [384]: rows 0..255 each grid entry's codes (8,
+    25, 43 -> 0, 1, 2) as nibbles (value i at bits 4i), rows 256..383 each sign index's ksigns bits at bit 2 of those
+    nibbles; else uint16 [384, 8]: the grid's magnitudes as float16, then ksigns' bits as float16 sign masks."""
     from gguf import quants as gguf_quants
 
     cls = gguf_quants.IQ2_XXS
     cls.init_grid()
-    grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8).astype(np.float16).view(np.uint16)
-    ksigns = np.frombuffer(cls.ksigns, dtype=np.uint8)
-    signs = (((ksigns[:, None] >> np.arange(8)) & 1) * 0x8000).astype(np.uint16)
-    return np.concatenate([grid, signs])
+    grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8)
+    bits = (np.frombuffer(cls.ksigns, dtype=np.uint8)[:, None] >> np.arange(8)) & 1             # [128, 8]
+    if nib:
+        codes = np.searchsorted(np.asarray(cls.grid_map, dtype=np.float32), grid)                 # 8, 25, 43 -> 0..2
+        nibbles = lambda v: (v.astype(np.uint64) << (4 * np.arange(8, dtype=np.uint64))).sum(1)    # noqa: E731
+        return np.concatenate([nibbles(codes), nibbles(bits << 2)]).astype(np.uint32)
+    return np.concatenate([grid.astype(np.float16).view(np.uint16), (bits * 0x8000).astype(np.uint16)])
 
 
-_TABLES: dict[str, torch.Tensor] = {}
+_TABLES: dict[tuple[str, bool], torch.Tensor] = {}
 
 
-def tables(device: torch.device) -> torch.Tensor:
-    key = str(device)
+def tables(device: torch.device, nib: bool | None = None) -> torch.Tensor:
+    key = (str(device), NIB if nib is None else nib)
     if key not in _TABLES:
-        _TABLES[key] = torch.from_numpy(_tables_np().view(np.int16).copy()).to(device)
+        t = _tables_np(key[1])
+        _TABLES[key] = torch.from_numpy(t.view(np.int32 if key[1] else np.int16).copy()).to(device)
     return _TABLES[key]
 
 
