@@ -35,19 +35,6 @@ def _nvrtc_loads() -> bool:
         return False
 
 
-@pytest.fixture(params=["emu", "cuda"])
-def device(request, monkeypatch):
-    """Where the kernel runs: "emu" (CPU tensors, cuda_launch.launch replaced by the CPU stand-in) or "cuda"."""
-    if request.param == "cuda" and not GPU:
-        pytest.skip("needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
-    if request.param == "emu":
-        if not cuda_emu.available():
-            pytest.skip("the CPU stand-in needs g++")
-        monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
-        return "cpu"
-    return "cuda"
-
-
 def _split(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """split_runs' hi, shi, slo and inv in torch: per 256-value chunk with e the biased exponent of its largest |x| (at
     most 252), scale = 2^(126 - e): hi = float16(x * scale), the sums of x over 16-value runs times scale = shi + slo
@@ -83,8 +70,6 @@ def _only_pairs_written(out: torch.Tensor, pairs: torch.Tensor) -> None:
 
 def _check(device, T, E, F, D, k, cap, seed, skew=False):
     """One long call's multi-pair items through gateup_iq2 against float64 w * swiglu(gate x, up x)."""
-    from ds4trt.plugins.kernels import moe_triton
-
     v, ids, w, (gate, up, _) = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
     if skew:                                        # most tokens on expert 0: items of cap pairs and a partial one
         ids[: 3 * T // 4, 0] = 0
@@ -142,29 +127,29 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
 
 @pytest.mark.parametrize("nib", [True, False], ids=["nibble tables", "float16 tables"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_small(device, cap, nib, monkeypatch):
+def test_gateup_iq2_small(kernel_device, cap, nib, monkeypatch):
     """A call of 40 tokens over 8 experts (~30 pairs each: items of 2..30 pairs), 4 row tiles of 64."""
     monkeypatch.setattr(moe_mma, "NIB", nib)
-    _check(device, 40, 8, 256, 512, 6, cap, _seed("moe mma", cap))
+    _check(kernel_device, 40, 8, 256, 512, 6, cap, _seed("moe mma", cap))
 
 
 @pytest.mark.parametrize("nib", [True, False], ids=["nibble tables", "float16 tables"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_full_items(device, cap, nib, monkeypatch):
+def test_gateup_iq2_full_items(kernel_device, cap, nib, monkeypatch):
     """Most tokens on one expert: items of exactly cap pairs beside a partial one and the other experts' items."""
     monkeypatch.setattr(moe_mma, "NIB", nib)
-    _check(device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
+    _check(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
 
 
 @pytest.mark.parametrize("cap", [32, 64])
-def test_down_q2k_small(device, cap):
+def test_down_q2k_small(kernel_device, cap):
     """The Q2_K down of the same kind of call: 40 tokens over 8 experts, D = 256 (4 row tiles), F = 512 (2 blocks)."""
-    _check_down(device, 40, 8, 512, 256, 6, cap, _seed("moe mma down", cap))
+    _check_down(kernel_device, 40, 8, 512, 256, 6, cap, _seed("moe mma down", cap))
 
 
 @pytest.mark.parametrize("cap", [32, 64])
-def test_down_q2k_full_items(device, cap):
-    _check_down(device, 100, 8, 256, 256, 2, cap, _seed("moe mma down skew", cap), skew=True)
+def test_down_q2k_full_items(kernel_device, cap):
+    _check_down(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma down skew", cap), skew=True)
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
@@ -181,7 +166,8 @@ def test_gateup_iq2_flash_widths(cap):
 
 
 @pytest.mark.skipif(not (GPU or INTERP and cuda_emu.available()),
-                    reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (the Triton kernels beside)")
+                    reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (for the Triton kernels "
+                           "beside)")
 @pytest.mark.parametrize("cap", [32, 64])
 def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
     """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the

@@ -19,27 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-import cuda_emu
-from ds4trt.plugins.kernels import cuda_launch, q8_mma, q8_triton
+from ds4trt.plugins.kernels import q8_mma, q8_triton
 from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 from test_kernels import TOL, _rel, _seed
 
 GPU = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 TS = (1, 2, 3, 5, 8, 9, 16)
-
-
-@pytest.fixture(params=["emu", "cuda"])
-def device(request, monkeypatch):
-    """Where the kernel runs: "emu" (CPU tensors, cuda_launch.launch replaced by the CPU stand-in) or "cuda"."""
-    if request.param == "cuda" and not GPU:
-        pytest.skip("needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
-    if request.param == "emu":
-        if not cuda_emu.available():
-            pytest.skip("the CPU stand-in needs g++")
-        monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
-        return "cpu"
-    return "cuda"
 
 
 def _matmul(x, quants, scales, K, groups=1, out=None, config=None):
@@ -121,15 +107,15 @@ def _check(device, Ts, N, K, groups, seed, config=None, row_scales=None):
 
 
 @pytest.mark.parametrize("shape", Q8_SMALL, ids=lambda s: "x".join(map(str, s)))
-def test_q8_mma_small(device, shape):
-    _check(device, TS, *shape, seed=_seed("mma", *shape))          # (64, 256, 2): groups of 32 rows, 32-row tiles
+def test_q8_mma_small(kernel_device, shape):
+    _check(kernel_device, TS, *shape, seed=_seed("mma", *shape))      # (64, 256, 2): groups of 32 rows, 32-row tiles
 
 
 @pytest.mark.parametrize("config", q8_mma.SWEEP, ids=str)
-def test_q8_mma_launches(device, config):
+def test_q8_mma_launches(kernel_device, config):
     """Every swept launch computes the same products: row tiles of 32..256, prefetch, 1..32 K splits."""
-    _check(device, (1, 3, 9), 200, 2048, 1, seed=_seed("mma launch", config), config=config)
-    _check(device, (2, 16), 1024, 4096, 8 if config[0] * config[1] * 16 <= 128 else 1,
+    _check(kernel_device, (1, 3, 9), 200, 2048, 1, seed=_seed("mma launch", config), config=config)
+    _check(kernel_device, (2, 16), 1024, 4096, 8 if config[0] * config[1] * 16 <= 128 else 1,
            seed=_seed("mma groups", config), config=config)
 
 
@@ -144,20 +130,20 @@ def test_q8_mma_lm_head():
     _check("cuda", (1, 3, 9), 129280, 4096, 1, seed=_seed("mma head"))
 
 
-def test_q8_mma_rows_of_any_magnitude(device):
+def test_q8_mma_rows_of_any_magnitude(kernel_device):
     """x rows from 1e-30 to 1e7 times standard normal (past float16's range both ways): each row divided by its own
     power of two before its float16 parts are taken, so each is as exact as a row of unit size (rows whose products
     would be float32 subnormals are not: no float32 kernel holds those to 1e-5)."""
-    _check(device, (9,), 256, 1024, 1, seed=_seed("mma magnitudes"),
+    _check(kernel_device, (9,), 256, 1024, 1, seed=_seed("mma magnitudes"),
            row_scales=[1e-7, 1e7, 1.0, 3e-3, 2e5, 1e-30, 0.5, 65504.0, 1e-20])
 
 
-def test_q8_mma_nonfinite_inputs_propagate(device):
+def test_q8_mma_nonfinite_inputs_propagate(kernel_device):
     """An infinity in x reaches the outputs of its row (as NaN or infinity), and only those."""
     rng = np.random.default_rng(_seed("mma inf"))
     N, K = 128, 512
-    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 0.05)).to(device), N, K)
-    x = torch.randn(3, K, device=device)
+    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 0.05)).to(kernel_device), N, K)
+    x = torch.randn(3, K, device=kernel_device)
     x[1, 7] = float("inf")
     y = _matmul(x, quants, scales, K)
     assert torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()

@@ -38,6 +38,71 @@
 #define XSTRIDE 576                           // bytes of a token's 256 float16 in shared memory (+64: no conflicts)
 #define IQ2_BYTES 66
 
+__device__ __forceinline__ void zero(float (&a)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            a[nt][e] = 0.f;
+}
+
+// acc += d * inv[column] * c, d = dg for row g (accumulators 0, 1), d8 for row g + 8 (2, 3); inv of columns 2t, 2t + 1
+// of each x tile
+__device__ __forceinline__ void add_scaled(float (&acc)[NT][4], const float (&c)[NT][4], float dg, float d8,
+                                           const float* inv, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float i0 = inv[8 * nt + 2 * t], i1 = inv[8 * nt + 2 * t + 1];
+        acc[nt][0] += dg * i0 * c[nt][0];
+        acc[nt][1] += dg * i1 * c[nt][1];
+        acc[nt][2] += d8 * i0 * c[nt][2];
+        acc[nt][3] += d8 * i1 * c[nt][3];
+    }
+}
+
+// rows s >= n of both buffers of a [2][CAP][stride bytes] array set to zero, `units` 16-byte units of each: the slots
+// past the item's pairs read as zeros (the copies never write them)
+__device__ __forceinline__ void zero_dead_slots(unsigned char* buf, int stride, int units, int n, int tid) {
+    for (int i = tid; i < 2 * CAP * units; i += WARPS * 32) {
+        const int row = i / units;
+        if (row % CAP >= n)
+            *(uint4*)(buf + row * stride + (i % units) * 16) = uint4{0u, 0u, 0u, 0u};
+    }
+}
+
+// The loop over K's blocks: stage(blk) issues block blk's copies into buffer blk & 1 (one cp.async group); body(blk)
+// runs when they have landed, with the next block's copies in flight. A buffer is overwritten only after the barrier
+// that ends the last body reading it.
+template <typename Stage, typename Body>
+__device__ __forceinline__ void pipelined_blocks(int nsb, Stage&& stage, Body&& body) {
+    stage(0);
+    for (int blk = 0; blk < nsb; ++blk) {
+        if (blk + 1 < nsb) {
+            stage(blk + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        body(blk);
+        __syncthreads();
+    }
+}
+
+// store(s, row, e) for each accumulator e of each x tile whose column (pair slot) s < n: accumulator e of a lane is
+// row g + 8 * (e / 2) of the warp's tile, column 2t + e % 2 of its x tile
+template <typename Store>
+__device__ __forceinline__ void for_each_output(int n, int g, int t, Store&& store) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int s = 8 * nt + 2 * t + (e & 1);
+            if (s < n)
+                store(s, g + 8 * (e >> 1), nt, e);
+        }
+}
+
 // where 16-byte unit q of a chunk (values 8q..8q+7: run q % 4 of sub-block q / 4) goes in shared memory: lane t's
 // unit of step (h, r) is 16h + 4r + t
 __device__ __forceinline__ int x_unit(int q) {
@@ -100,11 +165,7 @@ __device__ __forceinline__ void block_product(float (&acc)[NT][4], const unsigne
                                               long long o8, const unsigned char* xb, const float* inv,
                                               const TabRow* tab, int g, int t) {
     float c[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            c[nt][e] = 0.f;
+    zero(c);
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
         u32 ag, bg, a8, b8;
@@ -124,15 +185,7 @@ __device__ __forceinline__ void block_product(float (&acc)[NT][4], const unsigne
             }
         }
     }
-    const float dg = f16_to_f32(*(const u16*)(w + og)) * 0.125f, d8 = f16_to_f32(*(const u16*)(w + o8)) * 0.125f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const float i0 = inv[8 * nt + 2 * t], i1 = inv[8 * nt + 2 * t + 1];
-        acc[nt][0] += dg * i0 * c[nt][0];
-        acc[nt][1] += dg * i1 * c[nt][1];
-        acc[nt][2] += d8 * i0 * c[nt][2];
-        acc[nt][3] += d8 * i1 * c[nt][3];
-    }
+    add_scaled(acc, c, f16_to_f32(*(const u16*)(w + og)) * 0.125f, f16_to_f32(*(const u16*)(w + o8)) * 0.125f, inv, t);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -171,11 +224,7 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
         wslot[s] = s < n ? wts[pair] : 0.f;
         tokrow[s] = s < n ? (long long)(pair / n_slots) * D : 0;
     }
-    for (int i = tid; i < 2 * CAP * 32; i += WARPS * 32) {     // slots past n: zeros, never copied over
-        const int buf = i / (CAP * 32), s = i / 32 % CAP;
-        if (s >= n)
-            *(uint4*)(xs + (buf * CAP + s) * XSTRIDE + (i % 32) * 16) = uint4{0u, 0u, 0u, 0u};
-    }
+    zero_dead_slots(xs, XSTRIDE, 32, n, tid);
     __syncthreads();
 
     auto stage = [&](int blk) {                                 // chunk blk of the item's tokens into buffer blk & 1
@@ -190,38 +239,18 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
     };
 
     float accg[NT][4], accu[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4)
-            accg[nt][e4] = accu[nt][e4] = 0.f;
-    stage(0);
-    for (int blk = 0; blk < nsb; ++blk) {
-        if (blk + 1 < nsb) {                                    // its buffer was last read before the previous barrier
-            stage(blk + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    zero(accg);
+    zero(accu);
+    pipelined_blocks(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
         const float* ib = inv + (blk & 1) * CAP;
         block_product(accg, gate, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
         block_product(accu, up, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
-        __syncthreads();
-    }
-
-    // h[pair, row] (accumulator e of a lane: row g + 8 * (e / 2), column 2t + e % 2 of its x tile)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4) {
-            const int s = 8 * nt + 2 * t + (e4 & 1), row = row0 + g + 8 * (e4 >> 1);
-            if (s < n) {
-                const float gv = fminf(accg[nt][e4], clamp), uv = fminf(fmaxf(accu[nt][e4], -clamp), clamp);
-                h[(long long)pslot[s] * F + row] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
-            }
-        }
+    });
+    for_each_output(n, g, t, [&](int s, int r, int nt, int e4) {
+        const float gv = fminf(accg[nt][e4], clamp), uv = fminf(fmaxf(accu[nt][e4], -clamp), clamp);
+        h[(long long)pslot[s] * F + row0 + r] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
+    });
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -245,10 +274,14 @@ __device__ __forceinline__ int x8_unit(int u) {
 }
 
 // w[i] for a run-time i < 4 by selects (indexing a register array at run time would put it in local memory)
-__device__ __forceinline__ u32 pick(const u32 (&w)[4], int i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; }
+__device__ __forceinline__ u32 pick(const u32 (&w)[4], int i) {
+    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
 
-// bytes b, b + 1 of word w (values < 1024) as exact float16 pair
-__device__ __forceinline__ u32 byte_pair_f16(u32 w, u32 sel) { return sub_f16x2(prmt(w, 0x64646464u, sel), 0x64006400u); }
+// the two bytes of w that sel picks (0x4140: bytes 0, 1; 0x4342: bytes 2, 3) as an exact float16 pair
+__device__ __forceinline__ u32 byte_pair_f16(u32 w, u32 sel) {
+    return sub_f16x2(prmt(w, 0x64646464u, sel), 0x64006400u);
+}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
@@ -276,13 +309,8 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 
     for (int s = tid; s < CAP; s += WARPS * 32)
         prow[s] = s < n ? (long long)order[item + s] : 0;
-    for (int i = tid; i < 2 * CAP * 36; i += WARPS * 32) {     // slots past n: zeros (x rows, then run sums)
-        const int buf = i / (CAP * 36), s = i / 36 % CAP, u = i % 36;
-        if (s >= n) {
-            unsigned char* dst = u < 32 ? xs + (buf * CAP + s) * XSTRIDE + u * 16 : ss + (buf * CAP + s) * 64 + (u - 32) * 16;
-            *(uint4*)dst = uint4{0u, 0u, 0u, 0u};
-        }
-    }
+    zero_dead_slots(xs, XSTRIDE, 32, n, tid);
+    zero_dead_slots(ss, 64, 4, n, tid);
     __syncthreads();
 
     auto stage = [&](int blk) {
@@ -302,20 +330,8 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
     };
 
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4)
-            acc[nt][e4] = 0.f;
-    stage(0);
-    for (int blk = 0; blk < nsb; ++blk) {
-        if (blk + 1 < nsb) {
-            stage(blk + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    zero(acc);
+    pipelined_blocks(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
         const unsigned char* sb = ss + (blk & 1) * CAP * 64;
         const float* ib = inv + (blk & 1) * CAP;
@@ -335,27 +351,15 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
             const u32 m1 = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
             const u32 m2 = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
             const u32 m3 = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+            zero(c);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const u32* sums = (const u32*)(sb + (8 * nt + g) * 64);
-#pragma unroll
-                for (int e4 = 0; e4 < 4; ++e4)
-                    c[nt][e4] = 0.f;
                 mma(c[nt], m0, m1, m2, m3, sums[t], sums[t + 4]);           // hi parts
                 mma(c[nt], m0, m1, m2, m3, sums[8 + t], sums[12 + t]);      // lo parts
             }
-            const float dming = f16_to_f32((u16)(ddg >> 16)), dmin8 = f16_to_f32((u16)(dd8 >> 16));
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const float i0 = ib[8 * nt + 2 * t], i1 = ib[8 * nt + 2 * t + 1];
-                acc[nt][0] -= dming * i0 * c[nt][0];
-                acc[nt][1] -= dming * i1 * c[nt][1];
-                acc[nt][2] -= dmin8 * i0 * c[nt][2];
-                acc[nt][3] -= dmin8 * i1 * c[nt][3];
-#pragma unroll
-                for (int e4 = 0; e4 < 4; ++e4)
-                    c[nt][e4] = 0.f;
-            }
+            add_scaled(acc, c, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
+            zero(c);
         }
         // the main term: steps (n, j, hw)
 #pragma unroll 1
@@ -390,24 +394,7 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
                 }
             }
         }
-        const float dg = f16_to_f32((u16)ddg), d8 = f16_to_f32((u16)dd8);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float i0 = ib[8 * nt + 2 * t], i1 = ib[8 * nt + 2 * t + 1];
-            acc[nt][0] += dg * i0 * c[nt][0];
-            acc[nt][1] += dg * i1 * c[nt][1];
-            acc[nt][2] += d8 * i0 * c[nt][2];
-            acc[nt][3] += d8 * i1 * c[nt][3];
-        }
-        __syncthreads();
-    }
-
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4) {
-            const int s = 8 * nt + 2 * t + (e4 & 1), row = row0 + g + 8 * (e4 >> 1);
-            if (s < n)
-                y[prow[s] * D + row] = acc[nt][e4];
-        }
+        add_scaled(acc, c, f16_to_f32((u16)ddg), f16_to_f32((u16)dd8), ib, t);
+    });
+    for_each_output(n, g, t, [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4]; });
 }

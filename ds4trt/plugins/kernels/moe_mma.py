@@ -107,11 +107,8 @@ def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: 
         raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (hi {hi.dtype} {list(hi.shape)}, inv "
                          f"{list(inv.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, ids {ids.dtype}, "
                          f"cap {cap})")
-    if starts.numel():
-        name = "moe_gateup_iq2"
-        cuda_launch.launch(hi.device, kernel(name, cap // 8, warps), (starts.numel(), F // (16 * warps)), warps * 32,
-                           smem_bytes(name, cap), (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
-                                             tables(hi.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
+    _launch("moe_gateup_iq2", cap, F, starts, (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
+                                               tables(hi.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
     return h
 
 
@@ -130,8 +127,13 @@ def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch
         raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
                          f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y {list(y.shape)}, "
                          f"ids {ids.dtype}, cap {cap})")
-    if starts.numel():
-        name = "moe_down_q2k"
-        cuda_launch.launch(hh.device, kernel(name, cap // 8, warps), (starts.numel(), D // (16 * warps)), warps * 32,
-                           smem_bytes(name, cap), (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
+    _launch("moe_down_q2k", cap, D, starts, (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
     return y
+
+
+def _launch(name: str, cap: int, rows: int, starts: torch.Tensor, args: tuple) -> None:
+    """moe_mma.cu's kernel `name` over (the listed items, rows / its row tile) programs."""
+    warps = WARPS[cap]
+    if starts.numel():
+        cuda_launch.launch(starts.device, kernel(name, cap // 8, warps), (starts.numel(), rows // (16 * warps)),
+                           warps * 32, smem_bytes(name, cap), args)
