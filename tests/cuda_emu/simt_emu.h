@@ -9,7 +9,7 @@
 // ISA's descriptions:
 //   prmt.b32 (default mode)      bytes {b, a} indexed by the selector's nibbles, bit 3 replicating the sign bit
 //   sub / mul.rn.f16x2, cvt.rn.f16.f32   exact result rounded once to float16, to nearest even (overflow to
-//                                  infinity); cp.async: a plain 16-byte copy
+//                                  infinity); cp.async: the copy made at the wait for its group
 //   mma.m16n8k16.row.col f32.f16   the fragment layouts of PTX ISA 9.7.14.5.8 (groupID = lane >> 2, t = lane % 4):
 //                                  A a_i row g (+8 for i = 2, 3, 6, 7), col 2t + (i & 1) (+8 for i >= 4);
 //                                  B b_i row 2t + (i & 1) (+8 for i >= 2), col g; C / D c_i row g (+8 for i >= 2),
@@ -55,11 +55,19 @@ struct Barrier {
     unsigned generation = 0;
 };
 
+struct Copy {
+    void* dst;
+    const void* src;
+    int bytes;
+};
+
 struct Fiber {
     ucontext_t ctx;
     std::vector<char> stack;
     emu_dim3 tid;
     bool done = false;
+    std::vector<std::vector<Copy>> groups;    // committed cp.async groups not yet waited for, oldest first
+    std::vector<Copy> open;                   // copies issued since the last commit
 };
 
 inline ucontext_t scheduler;
@@ -129,6 +137,8 @@ inline std::string launch(emu_dim3 grid, emu_dim3 block, unsigned smem_bytes, st
                     Fiber& f = fibers[i];
                     f.stack.resize(kStackBytes);
                     f.done = false;
+                    f.groups.clear();
+                    f.open.clear();
                     f.tid = {(unsigned)i % block.x, (unsigned)i / block.x % block.y,
                              (unsigned)i / (block.x * block.y)};
                     getcontext(&f.ctx);
@@ -203,7 +213,8 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) {
     static_assert(sizeof(T) <= emu::kSlotBytes, "a lane's value must fit its slot");
     T got;
-    emu::exchange(&v, sizeof(T), [&](auto lane) { std::memcpy(&got, lane((emu::thread_index() & 31) ^ mask), sizeof(T)); });
+    emu::exchange(&v, sizeof(T),
+                  [&](auto lane) { std::memcpy(&got, lane((emu::thread_index() & 31) ^ mask), sizeof(T)); });
     return got;
 }
 
@@ -233,11 +244,27 @@ inline u32 mul_f16x2(u32 a, u32 b) {
     return lo | ((u32)hi << 16);
 }
 
-// the copies complete at once (a schedule the hardware may take too; so reading before the wait is not caught)
-inline void cp_async16(void* shared_dst, const void* global_src) { std::memcpy(shared_dst, global_src, 16); }
-inline void cp_async8(void* shared_dst, const void* global_src) { std::memcpy(shared_dst, global_src, 8); }
-inline void cp_async_commit() {}
-template <int N> inline void cp_async_wait() {}
+// cp.async: a copy lands only when its thread waits for its group (the latest the hardware may take), so shared
+// memory read before the wait and barrier still holds what was there (NaN bytes or an older block), and a copy never
+// waited for never lands
+inline void cp_async16(void* shared_dst, const void* global_src) {
+    emu::current->open.push_back({shared_dst, global_src, 16});
+}
+inline void cp_async8(void* shared_dst, const void* global_src) {
+    emu::current->open.push_back({shared_dst, global_src, 8});
+}
+inline void cp_async_commit() {
+    emu::current->groups.push_back(std::move(emu::current->open));
+    emu::current->open.clear();
+}
+template <int N> inline void cp_async_wait() {
+    auto& groups = emu::current->groups;
+    while ((int)groups.size() > N) {
+        for (const emu::Copy& c : groups.front())
+            std::memcpy(c.dst, c.src, c.bytes);
+        groups.erase(groups.begin());
+    }
+}
 
 inline u16 f32_to_f16(float f) { return emu::f16_bits(f); }
 inline float f16_to_f32(u16 h) { return (float)emu::f16_value(h); }
