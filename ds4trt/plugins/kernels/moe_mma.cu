@@ -1,7 +1,8 @@
-// The routed experts' gate / up product of a long call (a prefill chunk) on the tensor cores, for IQ2_XXS gate and up
-// (ds4's q2 mix; moe_mma.py compiles this with NVRTC):
+// The routed experts of a long call (a prefill chunk) on the tensor cores, for ds4's q2 mix (moe_mma.py compiles this
+// with NVRTC): the IQ2_XXS gate / up (moe_gateup_iq2) and, further down, the Q2_K down (moe_down_q2k)
 //
 //   h[pair, rows] = weight[pair] * swiglu(gate_e x_t, up_e x_t)     for the pairs (token t, expert e) of an item
+//   y[pair, rows] = down_e h[pair]
 //
 // Items as moe_triton._long_items lists them: starts[i] is the sorted position of item i, its pairs order[start ..
 // start + cnt[start]) (2..CAP pairs of one expert). Grid (items, F / ROWS); a program serves one item and ROWS rows of
