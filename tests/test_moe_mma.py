@@ -205,3 +205,20 @@ def test_every_launch_compiles_for_sm90_without_spills():
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                               rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
             assert frame and frame.groups() == ("0", "0", "0"), f"{kernel}: {frame.group(0) if frame else log}"
+
+
+def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
+    """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU the opt-in paths keep the Triton kernels; and
+    moe_mma takes only one-part IQ2_XXS / Q2_K products, with DS4_MOE_MMA=1."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setenv("DS4_MOE_MMA", "1")
+    for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert cuda_launch.runs_on(gpu) is runs, capability
+        assert moe_mma.use_mma(IQ2_XXS, 1, 2048, gpu) is runs, capability
+    assert not moe_mma.use_mma(IQ2_XXS, 2, 2048, gpu)          # two activation parts
+    assert not moe_mma.use_mma(12, 1, 2048, gpu)               # Q4_K
+    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048 + 16, gpu)     # rows not whole row tiles
+    monkeypatch.delenv("DS4_MOE_MMA")
+    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, gpu)
+    assert cuda_launch.runs_on(torch.device("cpu"))

@@ -3,6 +3,7 @@ CUDA driver (cuda.bindings) on PyTorch's current stream, so CUDA graphs capture 
 launch where pdl.py uses it.
 
     Kernel(source, name, defines)                          what to build: a .cu here, its entry, its -D values
+    runs_on(device)                                        compute capability 8.0 or newer (mma.sync, cp.async)
     compile_cubin(kernel, arch, ptxas_verbose=False)      -> (cubin, NVRTC's log); needs no GPU
     launch(device, kernel, grid, threads, smem, args)     args in the kernel's order: tensors (their addresses), ints
                                                           (int), or (value, ctypes type) pairs
@@ -27,6 +28,13 @@ class Kernel(NamedTuple):
     source: str                                  # file name of a .cu in this folder
     name: str                                    # its extern "C" __global__ function
     defines: tuple[tuple[str, int], ...]         # -D name=value
+
+
+def runs_on(device: torch.device) -> bool:
+    """Whether the kernels can run on `device`: they use mma.sync.m16n8k16 and cp.async, so a GPU of compute capability
+    8.0 or newer (A100, H100 / H200, Jetson Orin; not Turing or Jetson Xavier). True for the CPU, where only the tests'
+    stand-in runs them."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tuple[bytes, str]:

@@ -46,9 +46,10 @@ SWEEP = ((4, 1, False, 528), (4, 1, True, 528), (8, 2, False, 528), (2, 2, False
 
 
 def use_mma(x: torch.Tensor, N: int, groups: int) -> bool:
-    """Whether q8_matmul sends x's rows here (off by default: not measured): DS4_Q8_MMA=1, a CUDA tensor, T <= MAX_T,
-    and groups of whole 16-row tiles."""
-    return os.environ.get("DS4_Q8_MMA") == "1" and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
+    """Whether q8_matmul sends x's rows here (off by default: not measured): DS4_Q8_MMA=1, a CUDA tensor on a GPU the
+    kernel runs on (cuda_launch.runs_on), T <= MAX_T, and groups of whole 16-row tiles."""
+    return (os.environ.get("DS4_Q8_MMA") == "1" and x.is_cuda and cuda_launch.runs_on(x.device)
+            and x.shape[0] <= MAX_T and (N // groups) % 16 == 0)
 
 
 def launch_config(N: int, groups: int) -> tuple:
