@@ -1,6 +1,7 @@
 """The CPU stand-in for the GPU (cuda_emu/simt_emu.h): this project's CUDA C++ kernels built by g++ as host code and
 run on tensors in host memory, each CUDA thread a fiber, so their indexing, fragment layouts, shared memory and
-split-K bookkeeping are tested where there is no GPU (CI). Slow (a warp collective is two rounds of 32 context
+split-K bookkeeping are tested where there is no GPU (CI); their reads (__ldg, __ldcg, cp.async) must stay inside the
+tensor arguments (up to the end of each one's storage). Slow (a warp collective is two rounds of 32 context
 switches): small shapes only.
 
     launch(device, kernel, grid, threads, smem, args)   # cuda_launch.launch's stand-in: the same Kernel and
@@ -46,7 +47,8 @@ def build(source: Path, name: str, defines: tuple[tuple[str, int], ...] = ()) ->
         tmp.rename(lib)
     dll = ctypes.CDLL(str(lib))
     dll.emu_launch.restype = ctypes.c_char_p
-    dll.emu_launch.argtypes = [ctypes.c_uint] * 5 + [ctypes.POINTER(ctypes.c_void_p)]
+    dll.emu_launch.argtypes = [ctypes.c_uint] * 5 + [ctypes.POINTER(ctypes.c_void_p),
+                                                     ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
     return dll
 
 
@@ -57,18 +59,20 @@ def launch(device, kernel, grid: tuple[int, ...], threads: int, smem_bytes: int,
     from ds4trt.plugins.kernels import cuda_launch
 
     lib = build(cuda_launch.HERE / kernel.source, kernel.name, tuple(kernel.defines))
-    values = []
+    values, ranges = [], []
     for a in args:
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu":
                 raise ValueError("cuda_emu: tensors must be in host memory")
             values.append(ctypes.c_void_p(a.data_ptr()))
+            ranges += [a.data_ptr(), a.data_ptr() + a.untyped_storage().nbytes() - a.storage_offset() * a.element_size()]
         elif isinstance(a, tuple):
             values.append(a[1](a[0]))
         else:
             values.append(ctypes.c_int(a))
     ptrs = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
     gx, gy, gz = (*grid, 1, 1)[:3]
-    err = lib.emu_launch(gx, gy, gz, threads, smem_bytes, ptrs)
+    err = lib.emu_launch(gx, gy, gz, threads, smem_bytes, ptrs, (ctypes.c_ulonglong * len(ranges))(*ranges),
+                         len(ranges) // 2)
     if err:
         raise RuntimeError(err.decode())

@@ -27,9 +27,13 @@ char error[512];
 }  // namespace
 
 // Runs EMU_KERNEL over grid (gx, gy, gz) of `threads`-thread programs with `smem_bytes` of dynamic shared memory;
-// args[i] points at argument i (a pointer, int or unsigned as the kernel declares it). Returns "" or the error.
+// args[i] points at argument i (a pointer, int or unsigned as the kernel declares it); ranges: n_buffers pairs of
+// addresses [begin, end), the tensors the kernel may read. Returns "" or the error.
 extern "C" const char* emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned smem_bytes,
-                                  void** args) {
+                                  void** args, const unsigned long long* ranges, int n_buffers) {
+    emu::buffers.clear();
+    for (int i = 0; i < n_buffers; ++i)
+        emu::buffers.emplace_back((const char*)ranges[2 * i], (const char*)ranges[2 * i + 1]);
     const std::string why = emu::launch({gx, gy, gz}, {threads, 1, 1}, smem_bytes, bind_args(EMU_KERNEL, args), smem);
     std::snprintf(error, sizeof error, "%s", why.c_str());
     return error;

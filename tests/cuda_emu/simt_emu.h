@@ -15,6 +15,8 @@
 //                                  B b_i row 2t + (i & 1) (+8 for i >= 2), col g; C / D c_i row g (+8 for i >= 2),
 //                                  col 2t + (i & 1). The 16 products and C summed in double, rounded to float once
 //                                  (the tensor cores' own rounding differs by a few float32 ulps).
+// Reads through __ldg, __ldcg and cp.async are checked against the launch's tensor arguments (a read outside all of
+// them fails the launch; plain dereferences are not checked).
 // Not modelled: timing, memory ordering (programs run in sequence; atomics and fences are plain), static __shared__
 // arrays (only dynamic shared memory is shared), divergent collectives (a collective a lane skips deadlocks: the
 // launch then fails with an error instead of hanging).
@@ -79,6 +81,19 @@ inline Barrier block_barrier;
 inline std::vector<Barrier> warp_barriers;
 inline unsigned char slots[kMaxThreads][kSlotBytes];     // a lane's contribution to its warp's collective
 inline unsigned long long events = 0;                    // arrivals and finished threads: progress
+inline std::vector<std::pair<const char*, const char*>> buffers;   // the launch's tensors: [begin, end) of each
+inline std::string fault;                                 // the first read outside them (__ldg, __ldcg, cp.async)
+
+// whether [p, p + bytes) lies in one of the launch's tensors; if not, the first such read is reported by launch
+inline bool readable(const void* p, int bytes) {
+    const char* c = (const char*)p;
+    for (const auto& [begin, end] : buffers)
+        if (c >= begin && c + bytes <= end)
+            return true;
+    if (fault.empty())
+        fault = "emu: a read of " + std::to_string(bytes) + " bytes outside every tensor argument";
+    return false;
+}
 
 inline int thread_index() { return (int)(current - fibers.data()); }
 
@@ -122,6 +137,7 @@ inline std::string launch(emu_dim3 grid, emu_dim3 block, unsigned smem_bytes, st
     if (threads < 1 || threads > kMaxThreads || threads % 32 || smem_bytes > (unsigned)kSmemBytes)
         return "emu: unsupported launch (threads a multiple of 32 up to 1024, shared memory up to 227 KiB)";
     body = std::move(kernel);
+    fault.clear();
     grid_dim = grid, block_dim = block;
     fibers.resize(threads);
     warp_barriers.assign(threads / 32, Barrier{32});
@@ -162,7 +178,7 @@ inline std::string launch(emu_dim3 grid, emu_dim3 block, unsigned smem_bytes, st
                 }
             }
     current = nullptr;
-    return "";
+    return fault;
 }
 
 // float16 <-> double, exactly as IEEE binary16 (round to nearest even, overflow to infinity)
@@ -200,8 +216,8 @@ inline u16 f16_bits(double v) {
 
 inline void __syncthreads() { emu::arrive(emu::block_barrier); }
 inline void __threadfence() {}
-template <typename T> inline T __ldg(const T* p) { return *p; }
-template <typename T> inline T __ldcg(const T* p) { return *p; }
+template <typename T> inline T __ldg(const T* p) { return emu::readable(p, sizeof(T)) ? *p : T{}; }
+template <typename T> inline T __ldcg(const T* p) { return emu::readable(p, sizeof(T)) ? *p : T{}; }
 inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
 inline int atomicExch(int* p, int v) { const int old = *p; *p = v; return old; }
 inline int min(int a, int b) { return a < b ? a : b; }
@@ -248,10 +264,12 @@ inline u32 mul_f16x2(u32 a, u32 b) {
 // memory read before the wait and barrier still holds what was there (NaN bytes or an older block), and a copy never
 // waited for never lands
 inline void cp_async16(void* shared_dst, const void* global_src) {
-    emu::current->open.push_back({shared_dst, global_src, 16});
+    if (emu::readable(global_src, 16))
+        emu::current->open.push_back({shared_dst, global_src, 16});
 }
 inline void cp_async8(void* shared_dst, const void* global_src) {
-    emu::current->open.push_back({shared_dst, global_src, 8});
+    if (emu::readable(global_src, 8))
+        emu::current->open.push_back({shared_dst, global_src, 8});
 }
 inline void cp_async_commit() {
     emu::current->groups.push_back(std::move(emu::current->open));
