@@ -65,7 +65,8 @@ def launch(device, kernel, grid: tuple[int, ...], threads: int, smem_bytes: int,
             if a.device.type != "cpu":
                 raise ValueError("cuda_emu: tensors must be in host memory")
             values.append(ctypes.c_void_p(a.data_ptr()))
-            ranges += [a.data_ptr(), a.data_ptr() + a.untyped_storage().nbytes() - a.storage_offset() * a.element_size()]
+            storage = a.untyped_storage()
+            ranges += [a.data_ptr(), storage.data_ptr() + storage.nbytes()]       # to the end of its storage
         elif isinstance(a, tuple):
             values.append(a[1](a[0]))
         else:
