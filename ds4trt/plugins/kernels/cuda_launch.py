@@ -80,6 +80,21 @@ def _check(err, what: str) -> None:
         raise RuntimeError(f"cuda_launch: {what} failed: {err!r}")
 
 
+def _make_current(driver, device_index: int) -> None:
+    """The device's primary context (PyTorch's) current on this thread, as the driver API needs: PyTorch's runtime
+    calls make it current where they ran (the caller sits inside torch.cuda.device(device_index)); a thread where none
+    did gets it here."""
+    err, ctx = driver.cuCtxGetCurrent()
+    _check(err, "cuCtxGetCurrent")
+    if int(ctx) == 0:
+        err, dev = driver.cuDeviceGet(device_index)
+        _check(err, "cuDeviceGet")
+        err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+        _check(err, "cuDevicePrimaryCtxRetain")
+        (err,) = driver.cuCtxSetCurrent(ctx)
+        _check(err, "cuCtxSetCurrent")
+
+
 @functools.cache
 def _function(device_index: int, kernel: Kernel):
     """The kernel loaded into PyTorch's context of the device, allowed the device's largest dynamic shared memory.
@@ -87,7 +102,8 @@ def _function(device_index: int, kernel: Kernel):
     driver = _bindings("driver")
     major, minor = torch.cuda.get_device_capability(device_index)
     cubin, _ = compile_cubin(kernel, f"sm_{major}{minor}")
-    with torch.cuda.device(device_index):                             # PyTorch's primary context made current
+    with torch.cuda.device(device_index):
+        _make_current(driver, device_index)
         err, module = driver.cuModuleLoadData(cubin)
         _check(err, "cuModuleLoadData")
         err, fn = driver.cuModuleGetFunction(module, kernel.name.encode())
@@ -109,8 +125,8 @@ def launch(device: torch.device, kernel: Kernel, grid: tuple[int, ...], threads:
     from ds4trt.plugins.kernels.pdl import pdl_launch
 
     driver = _bindings("driver")
-
-    _, fn = _function(device.index if device.index is not None else torch.cuda.current_device(), kernel)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    _, fn = _function(index, kernel)
     cfg = driver.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (*grid, 1, 1)[:3]
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
@@ -134,5 +150,7 @@ def launch(device: torch.device, kernel: Kernel, grid: tuple[int, ...], threads:
         else:
             values.append(a)
             types.append(ctypes.c_int)
-    (err,) = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
+    with torch.cuda.device(index):
+        _make_current(driver, index)
+        (err,) = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
     _check(err, "cuLaunchKernelEx")
