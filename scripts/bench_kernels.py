@@ -114,7 +114,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (128, 8, 528, 1, 2), (32, 2, 528, 1, 2))}
 MM_SWEEP_WARPS = (2, 8)              # moe_mma's warps a program other than its WARPS (--cases moe_long, the sweep,
-                                     # which also runs its other gate/up table form, NIB)
+                                     # which also runs its other gate/up table form, NIB, and gate/up pass, FUSE)
 MMA_TS = (1, 2, 3, 4, 5, 8, 9, 16)   # rows of case q8_mma: decode, verify of 1..8 drafts, 16 (two x tiles)
 SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
 CLAMP = 10.0
@@ -320,21 +320,25 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
         if mix == "q2":            # the same call with moe_mma's tensor-core gate/up and down, at its WARPS and NIB
-            def run_mma(run=run, warps=None, nib=None):    # (or, in the sweep, all `warps` / the other table form)
-                os.environ["DS4_MOE_MMA"] = "1"
-                saved = dict(MM.WARPS), MM.NIB
+            def run_mma(run=run, warps=None, nib=None, fuse=None):   # (or, in the sweep, all `warps` / the other
+                os.environ["DS4_MOE_MMA"] = "1"                     # table form / the other gate/up pass)
+                saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE)
                 MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
                 MM.NIB = saved[1] if nib is None else nib
+                MM.FUSE.update({cap: fuse for cap in MM.FUSE} if fuse is not None else {})
                 try:
                     run(label=" (DS4_MOE_MMA=1" + (f", {warps} warps" if warps else "")
-                        + (f", NIB={int(nib)}" if nib is not None else "") + ")")
+                        + (f", NIB={int(nib)}" if nib is not None else "")
+                        + (f", FUSE={int(fuse)}" if fuse is not None else "") + ")")
                 finally:
                     del os.environ["DS4_MOE_MMA"]
                     MM.WARPS.update(saved[0])
                     MM.NIB = saved[1]
+                    MM.FUSE.update(saved[2])
             guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=1", results, run_mma)
             if sweeps is not None and T >= 512:
                 sweeps.append(lambda run_mma=run_mma: run_mma(nib=not MM.NIB))
+                sweeps.append(lambda run_mma=run_mma: run_mma(fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_mma=run_mma, warps=warps: run_mma(warps=warps))
         if T >= 512:

@@ -15,10 +15,10 @@ _attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config la
 q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches: its "loop" is one span of 256 values
 of each of the warp's rows, its shared memory that of MAX_SPANS spans; with --long also the long calls' tensor-core
 MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches: gate/up's "loop" is half a block (128 values)
-of a warp's 16 rows of one matrix, down's a half block of the main term), and prints registers per
-thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step: e.g.
-one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared loads,
-barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
+of a warp's 16 rows of one matrix, or of both when fused; down's a half block of the main term), and prints registers
+per thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
+e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared
+loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
 registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
@@ -60,8 +60,9 @@ def main() -> int:
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
     ap.add_argument("--moe-mma", nargs="*", type=lambda s: tuple(int(v) for v in s.split(":")), default=None,
-                    metavar="NT:WARPS[:NIB]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = 8 NT), "
-                                                   "warps and gate/up table form (default: moe_mma.WARPS, moe_mma.NIB)")
+                    metavar="NT:WARPS[:NIB[:FUSE]]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = "
+                                                         "8 NT), warps, gate/up table form and one-pass gate/up "
+                                                         "(default: moe_mma.WARPS, NIB, FUSE)")
     ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
                     help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
                          "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
@@ -108,11 +109,13 @@ def main() -> int:
                                                                           parts))
         report(f"q8_dequant_f16_{Q.PARTS_BR}x{Q.PARTS_BK}", W.dequant_f16(D))
         from ds4trt.plugins.kernels import cuda_launch, moe_mma
-        for nt, warps, *nib in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
-            nib = bool(nib[0]) if nib else moe_mma.NIB
+        for nt, warps, *opt in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
+            nib = bool(opt[0]) if opt else moe_mma.NIB
+            fuse = bool(opt[1]) if len(opt) > 1 else moe_mma.FUSE.get(8 * nt, False)
             for name in ("moe_gateup_iq2", "moe_down_q2k"):
-                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib), "sm_90")
-                label = f"{name}_cap{8 * nt}_{warps}w" + ("_nib" if nib and name == "moe_gateup_iq2" else "")
+                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib, fuse), "sm_90")
+                label = f"{name}_cap{8 * nt}_{warps}w" + ((("_nib" if nib else "") + ("_fused" if fuse else ""))
+                                                          if name == "moe_gateup_iq2" else "")
                 rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt, nib),
                                                      innermost_mma=True, function=name)))
         report("attend_long", W.attend_long(A.LONG_CONFIG))

@@ -125,11 +125,14 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
             assert err <= TOL_F16, f"T = {T}, cap = {cap}, pair {pair} (expert {x}): relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["gate and up in one pass", "apart"])
 @pytest.mark.parametrize("nib", [True, False], ids=["nibble tables", "float16 tables"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_small(kernel_device, cap, nib, monkeypatch):
-    """A call of 40 tokens over 8 experts (~30 pairs each: items of 2..30 pairs), 4 row tiles of 64."""
+def test_gateup_iq2_small(kernel_device, cap, nib, fuse, monkeypatch):
+    """A call of 40 tokens over 8 experts (~30 pairs each: items of 2..30 pairs), 4 row tiles of 64; each table form,
+    gate and up in one pass or apart."""
     monkeypatch.setattr(moe_mma, "NIB", nib)
+    monkeypatch.setattr(moe_mma, "FUSE", {cap: fuse})
     _check(kernel_device, 40, 8, 256, 512, 6, cap, _seed("moe mma", cap))
 
 
@@ -198,8 +201,10 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
 @pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
     for cap, warps in moe_mma.WARPS.items():
-        for name, nib in (("moe_gateup_iq2", True), ("moe_gateup_iq2", False), ("moe_down_q2k", moe_mma.NIB)):
-            kernel = moe_mma.kernel(name, cap // 8, warps, nib)
+        for name, nib, fuse in (("moe_gateup_iq2", True, True), ("moe_gateup_iq2", True, False),
+                                ("moe_gateup_iq2", False, True), ("moe_gateup_iq2", False, False),
+                                ("moe_down_q2k", moe_mma.NIB, False)):
+            kernel = moe_mma.kernel(name, cap // 8, warps, nib, fuse)
             cubin, log = cuda_launch.compile_cubin(kernel, "sm_90", ptxas_verbose=True)
             assert cubin[:4] == b"\x7fELF"
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "

@@ -30,7 +30,9 @@
 // column g (b0, b1): the 16 k slots of a step are 4 lanes' runs of different sub-blocks, which is no matter, since A
 // and B agree on them. So a lane reads only its own two records of a row per block.
 //
-// Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS, NIB (the gate/up's table form).
+// Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS, NIB (the gate/up's table form), FUSE (1: gate and up in
+// one pass over a block, each x fragment read once for both: half the x reads from shared memory, twice the
+// accumulators; 0: one matrix after the other).
 
 #include "ptx_ops.cuh"
 
@@ -161,32 +163,49 @@ __device__ __forceinline__ void iq2_run(const TabRow* tab, u32 a, u32 b, u32 sca
 }
 #endif
 
-// acc[x tile] += d / 8 * inv[column] * (one block of rows g, g + 8 at byte offsets og, o8, against the chunk xb)
-__device__ __forceinline__ void block_product(float (&acc)[NT][4], const unsigned char* __restrict__ w, long long og,
+// acc[m][x tile] += d_m / 8 * inv[column] * (one block of matrix w[m], rows g, g + 8 at byte offsets og, o8, against
+// the chunk xb) for m < M: with M = 2 (gate and up, FUSE) each x fragment read serves both matrices
+template <int M>
+__device__ __forceinline__ void block_product(float (*acc)[NT][4], const unsigned char* const* w, long long og,
                                               long long o8, const unsigned char* xb, const float* inv,
                                               const TabRow* tab, int g, int t) {
-    float c[NT][4];
-    zero(c);
+    float c[M][NT][4];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+        zero(c[m]);
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
-        u32 ag, bg, a8, b8;
-        iq2_record(w, og, t + 4 * h, ag, bg);
-        iq2_record(w, o8, t + 4 * h, a8, b8);
-        const u32 sg = run_scale(bg), s8 = run_scale(b8);
+        u32 ag[M], bg[M], a8[M], b8[M], sg[M], s8[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            iq2_record(w[m], og, t + 4 * h, ag[m], bg[m]);
+            iq2_record(w[m], o8, t + 4 * h, a8[m], b8[m]);
+            sg[m] = run_scale(bg[m]);
+            s8[m] = run_scale(b8[m]);
+        }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            u32 vg[4], v8[4];
-            iq2_run(tab, ag, bg, sg, r, vg);
-            iq2_run(tab, a8, b8, s8, r, v8);
+            u32 vg[M][4], v8[M][4];
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                iq2_run(tab, ag[m], bg[m], sg[m], r, vg[m]);
+                iq2_run(tab, a8[m], b8[m], s8[m], r, v8[m]);
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const uint4 xv = *(const uint4*)(xb + (8 * nt + g) * XSTRIDE + (16 * h + 4 * r + t) * 16);
-                mma(c[nt], vg[0], v8[0], vg[1], v8[1], xv.x, xv.y);        // values 0..3 of the run
-                mma(c[nt], vg[2], v8[2], vg[3], v8[3], xv.z, xv.w);        // values 4..7
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    mma(c[m][nt], vg[m][0], v8[m][0], vg[m][1], v8[m][1], xv.x, xv.y);    // values 0..3 of the run
+                    mma(c[m][nt], vg[m][2], v8[m][2], vg[m][3], v8[m][3], xv.z, xv.w);    // values 4..7
+                }
             }
         }
     }
-    add_scaled(acc, c, f16_to_f32(*(const u16*)(w + og)) * 0.125f, f16_to_f32(*(const u16*)(w + o8)) * 0.125f, inv, t);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+        add_scaled(acc[m], c[m], f16_to_f32(*(const u16*)(w[m] + og)) * 0.125f,
+                   f16_to_f32(*(const u16*)(w[m] + o8)) * 0.125f, inv, t);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -239,17 +258,23 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
             inv[(blk & 1) * CAP + s] = s < n ? xinv[tokrow[s] / 256 + blk] : 0.f;
     };
 
-    float accg[NT][4], accu[NT][4];
-    zero(accg);
-    zero(accu);
+    float acc[2][NT][4];                                        // gate, up
+    zero(acc[0]);
+    zero(acc[1]);
+    const unsigned char* const mats[2] = {gate, up};
     pipelined_blocks(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
         const float* ib = inv + (blk & 1) * CAP;
-        block_product(accg, gate, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
-        block_product(accu, up, og + blk * IQ2_BYTES, o8 + blk * IQ2_BYTES, xb, ib, tab, g, t);
+        const long long bg = og + blk * IQ2_BYTES, b8 = o8 + blk * IQ2_BYTES;
+#if FUSE
+        block_product<2>(acc, mats, bg, b8, xb, ib, tab, g, t);
+#else
+        block_product<1>(acc, mats, bg, b8, xb, ib, tab, g, t);
+        block_product<1>(acc + 1, mats + 1, bg, b8, xb, ib, tab, g, t);
+#endif
     });
     for_each_output(n, g, t, [&](int s, int r, int nt, int e4) {
-        const float gv = fminf(accg[nt][e4], clamp), uv = fminf(fmaxf(accu[nt][e4], -clamp), clamp);
+        const float gv = fminf(acc[0][nt][e4], clamp), uv = fminf(fmaxf(acc[1][nt][e4], -clamp), clamp);
         h[(long long)pslot[s] * F + row0 + r] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
     });
 }

@@ -36,6 +36,11 @@ WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not sw
 # the gate/up's IQ2_XXS tables (moe_mma.cu): True, 4-byte nibble selectors (fewer shared-memory passes, more
 # operations); False, 16-byte float16 rows. Not measured yet: True on the arithmetic of bank conflicts alone.
 NIB = True
+# gate and up in one pass over each block, by CAP (moe_mma.cu's FUSE): each x fragment read from shared memory serves
+# both matrices (x's reads are about half of a warp's shared-memory passes, by the same arithmetic as NIB's). sm_90
+# with NIB: CAP 32 126 registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart;
+# CAP 64 206 and 647 against 160 and 2 x 360 (two programs per SM either way: shared memory). Not measured yet.
+FUSE = {32: True, 64: True}
 
 
 def use_mma(ggml_type: int, parts: int, rows: int, device: torch.device) -> bool:
@@ -46,11 +51,13 @@ def use_mma(ggml_type: int, parts: int, rows: int, device: torch.device) -> bool
             and parts == 1 and all(rows % (16 * w) == 0 for w in WARPS.values()))
 
 
-def kernel(name: str, nt: int, warps: int, nib: bool | None = None) -> cuda_launch.Kernel:
-    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles, `warps` warps and the
-    gate/up's table form (NIB when None)."""
-    return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps), ("NIB", int(NIB if nib is None
-                                                                                           else nib))))
+def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None) -> cuda_launch.Kernel:
+    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles, `warps` warps, the
+    gate/up's table form and whether it does gate and up in one pass (NIB, FUSE[8 nt] when None)."""
+    nib = NIB if nib is None else nib
+    fuse = FUSE.get(8 * nt, False) if fuse is None else fuse
+    return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps), ("NIB", int(nib)),
+                                                   ("FUSE", int(fuse))))
 
 
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
@@ -125,8 +132,8 @@ def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch
             or hinv.shape != (P, F // 256) or F % 256 or row_bytes != F // 256 * 84 or D % (16 * warps)
             or y.shape[1] != D or ids.dtype != torch.int64 or cap % 8):
         raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
-                         f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y {list(y.shape)}, "
-                         f"ids {ids.dtype}, cap {cap})")
+                         f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y "
+                         f"{list(y.shape)}, ids {ids.dtype}, cap {cap})")
     _launch("moe_down_q2k", cap, D, starts, (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
     return y
 
