@@ -22,8 +22,8 @@
 //          (as q8_mma.cu), a packed multiply the scale. A run: 2 4-byte table reads, ~15 operations.
 //   NIB 0: tables of 16-byte rows: the grid's magnitudes as float16, the signs as 0x8000 masks: one packed multiply
 //          and one xor per pair. A run: 2 16-byte table reads, ~8 operations. A warp's 16-byte reads of random rows
-//          take ~2.5 times the shared-memory passes of conflict-free ones (8 lanes a pass, rows sharing banks), its
-//          4-byte reads ~3.5 passes for all 32 lanes: NIB 1 moves a third of the table traffic for more operations.
+//          conflict within each shared-memory pass of 8 lanes; its 4-byte reads share one pass of 32 lanes: NIB 1
+//          needs fewer passes for more operations.
 //
 // Fragments (mma.m16n8k16, lane = 4 g + t): in the block's k step (h, r, half) lane t holds values 4 half .. 4 half +
 // 3 of run r of sub-block t + 4h, rows g and g + 8 (a0, a2 row g; a1, a3 row g + 8), and x's same 4 values of token

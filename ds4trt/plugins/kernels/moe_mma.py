@@ -37,7 +37,7 @@ WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not sw
 # operations); False, 16-byte float16 rows. Not measured yet: True on the arithmetic of bank conflicts alone.
 NIB = True
 # gate and up in one pass over each block, by CAP (moe_mma.cu's FUSE): each x fragment read from shared memory serves
-# both matrices (x's reads are about half of a warp's shared-memory passes, by the same arithmetic as NIB's). sm_90
+# both matrices (one 16-byte read per two tensor-core products apart, per four fused). sm_90
 # with NIB: CAP 32 126 registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart;
 # CAP 64 206 and 647 against 160 and 2 x 360 (two programs per SM either way: shared memory). Not measured yet.
 FUSE = {32: True, 64: True}
