@@ -214,16 +214,18 @@ def test_every_launch_compiles_for_sm90_without_spills():
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU the opt-in paths keep the Triton kernels; and
-    moe_mma takes only one-part IQ2_XXS / Q2_K products, with DS4_MOE_MMA=1."""
+    moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, with DS4_MOE_MMA=1."""
     gpu = torch.device("cuda", 0)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
     for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert cuda_launch.runs_on(gpu) is runs, capability
-        assert moe_mma.use_mma(IQ2_XXS, 1, 2048, gpu) is runs, capability
-    assert not moe_mma.use_mma(IQ2_XXS, 2, 2048, gpu)          # two activation parts
-    assert not moe_mma.use_mma(12, 1, 2048, gpu)               # Q4_K
-    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048 + 16, gpu)     # rows not whole row tiles
+        assert moe_mma.use_mma(IQ2_XXS, 1, 2048, 32, gpu) is runs, capability
+    assert moe_mma.use_mma(10, 1, 4096, 64, gpu)                  # Q2_K
+    assert not moe_mma.use_mma(IQ2_XXS, 2, 2048, 32, gpu)         # two activation parts
+    assert not moe_mma.use_mma(12, 1, 2048, 32, gpu)              # Q4_K
+    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
+    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, 16, gpu)         # items of a CAP without a launch (a sweep's)
     monkeypatch.delenv("DS4_MOE_MMA")
-    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, gpu)
+    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, 32, gpu)
     assert cuda_launch.runs_on(torch.device("cpu"))

@@ -43,12 +43,12 @@ NIB = True
 FUSE = {32: True, 64: True}
 
 
-def use_mma(ggml_type: int, parts: int, rows: int, device: torch.device) -> bool:
-    """Whether a long call's multi-pair products of a matrix of this type and rows go here: DS4_MOE_MMA=1, a device
-    the kernels run on (cuda_launch.runs_on), one activation part, an IQ2_XXS gate / up or a Q2_K down (moe_forward
-    asks for each), rows a multiple of every row tile."""
+def use_mma(ggml_type: int, parts: int, rows: int, cap: int, device: torch.device) -> bool:
+    """Whether a long call's multi-pair products of a matrix of this type and rows, in items of up to `cap` pairs, go
+    here: DS4_MOE_MMA=1, a device the kernels run on (cuda_launch.runs_on), one activation part, an IQ2_XXS gate / up
+    or a Q2_K down (moe_forward asks for each), a CAP of WARPS and rows a multiple of its row tile."""
     return (os.environ.get("DS4_MOE_MMA") == "1" and cuda_launch.runs_on(device) and ggml_type in (IQ2_XXS, Q2_K)
-            and parts == 1 and all(rows % (16 * w) == 0 for w in WARPS.values()))
+            and parts == 1 and cap in WARPS and rows % (16 * WARPS[cap]) == 0)
 
 
 def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None) -> cuda_launch.Kernel:
