@@ -9,8 +9,9 @@ down): moe_mma.cu, built and launched by cuda_launch.
 
 Why: moe_triton's _moe_gateup_multi decodes a [rows, 256] block tile into registers and hands it to tl.dot, which
 takes 255 registers and runs one 4-warp program per SM (12.5 % occupancy, ncu: latency-bound); the routed experts are
-~60 % of a 2048-token prefill (BENCHMARKS.md). Here each lane decodes only its own fragments (moe_mma.cu), by table
-reads, one packed multiply and one xor per two values, and x comes through shared memory by cp.async.
+~60 % of a 2048-token prefill (BENCHMARKS.md). Here each lane decodes only its own fragments (moe_mma.cu: table reads
+and a few byte permutes and packed float16 operations per two values), and x (h for the down) comes through shared
+memory by cp.async.
 
 Numerics as the Triton long call with one activation part (LONG_CONFIGS: q2): the block values are exact float16
 integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float32; ~5e-4 against float64.
@@ -37,9 +38,9 @@ WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not sw
 # operations); False, 16-byte float16 rows. Not measured yet: True on the arithmetic of bank conflicts alone.
 NIB = True
 # gate and up in one pass over each block, by CAP (moe_mma.cu's FUSE): each x fragment read from shared memory serves
-# both matrices (one 16-byte read per two tensor-core products apart, per four fused). sm_90
-# with NIB: CAP 32 126 registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart;
-# CAP 64 206 and 647 against 160 and 2 x 360 (two programs per SM either way: shared memory). Not measured yet.
+# both matrices (one 16-byte read per two tensor-core products apart, per four fused). sm_90 with NIB: CAP 32 126
+# registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart; CAP 64 206 and 647
+# against 160 and 2 x 360 (two programs per SM either way: shared memory). Not measured yet.
 FUSE = {32: True, 64: True}
 
 
