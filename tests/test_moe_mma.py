@@ -220,12 +220,14 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert cuda_launch.runs_on(gpu) is runs, capability
-        assert moe_mma.use_mma(IQ2_XXS, 1, 2048, 32, gpu) is runs, capability
-    assert moe_mma.use_mma(10, 1, 4096, 64, gpu)                  # Q2_K
-    assert not moe_mma.use_mma(IQ2_XXS, 2, 2048, 32, gpu)         # two activation parts
-    assert not moe_mma.use_mma(12, 1, 2048, 32, gpu)              # Q4_K
-    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
-    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, 16, gpu)         # items of a CAP without a launch (a sweep's)
+        assert moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu) is runs, capability
+    assert moe_mma.use_down(10, 1, 4096, 64, gpu)                              # Q2_K
+    assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 2, 2048, 32, gpu)         # two activation parts
+    assert not moe_mma.use_gateup(12, 12, 1, 2048, 32, gpu)                   # Q4_K
+    assert not moe_mma.use_gateup(IQ2_XXS, 10, 1, 2048, 32, gpu)              # a Q2_K up
+    assert not moe_mma.use_down(IQ2_XXS, 1, 4096, 64, gpu)                    # an IQ2_XXS down
+    assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
+    assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 16, gpu)         # a CAP without a launch (a sweep's)
     monkeypatch.delenv("DS4_MOE_MMA")
-    assert not moe_mma.use_mma(IQ2_XXS, 1, 2048, 32, gpu)
+    assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)
     assert cuda_launch.runs_on(torch.device("cpu"))

@@ -17,7 +17,7 @@ Numerics as the Triton long call with one activation part (LONG_CONFIGS: q2): th
 integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float32; ~5e-4 against float64.
 
 Not yet measured on a GPU (no device was lent when it was written): moe_triton.moe_forward takes it only with
-DS4_MOE_MMA=1 (`use_mma`). tests/test_moe_mma.py runs it on the CPU stand-in of tests/cuda_emu.
+DS4_MOE_MMA=1 (`use_gateup`, `use_down`). tests/test_moe_mma.py runs it on the CPU stand-in of tests/cuda_emu.
 """
 
 from __future__ import annotations
@@ -44,12 +44,21 @@ NIB = True
 FUSE = {32: True, 64: True}
 
 
-def use_mma(ggml_type: int, parts: int, rows: int, cap: int, device: torch.device) -> bool:
-    """Whether a long call's multi-pair products of a matrix of this type and rows, in items of up to `cap` pairs, go
-    here: DS4_MOE_MMA=1, a device the kernels run on (cuda_launch.runs_on), one activation part, an IQ2_XXS gate / up
-    or a Q2_K down (moe_forward asks for each), a CAP of WARPS and rows a multiple of its row tile."""
-    return (os.environ.get("DS4_MOE_MMA") == "1" and cuda_launch.runs_on(device) and ggml_type in (IQ2_XXS, Q2_K)
-            and parts == 1 and cap in WARPS and rows % (16 * WARPS[cap]) == 0)
+def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, device: torch.device) -> bool:
+    """Whether a long call's multi-pair gate/up goes to moe_gateup_iq2: IQ2_XXS gate and up, and _enabled."""
+    return gate_type == up_type == IQ2_XXS and _enabled(parts, F, cap, device)
+
+
+def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device) -> bool:
+    """Whether a long call's multi-pair down goes to moe_down_q2k: a Q2_K down, and _enabled."""
+    return down_type == Q2_K and _enabled(parts, D, cap, device)
+
+
+def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:
+    """DS4_MOE_MMA=1, a device the kernels run on (cuda_launch.runs_on), one activation part, items of a CAP with a
+    launch here (WARPS) and rows a multiple of its row tile."""
+    return (os.environ.get("DS4_MOE_MMA") == "1" and cuda_launch.runs_on(device) and parts == 1 and cap in WARPS
+            and rows % (16 * WARPS[cap]) == 0)
 
 
 def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None) -> cuda_launch.Kernel:
@@ -71,32 +80,33 @@ def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
 
 
 @functools.cache
-def _tables_np(nib: bool) -> np.ndarray:
-    """The gate/up kernel's IQ2_XXS tables, from gguf's: nib, uint32 [384]: rows 0..255 each grid entry's codes (8,
-    25, 43 -> 0, 1, 2) as nibbles (value i at bits 4i), rows 256..383 each sign index's ksigns bits at bit 2 of those
-    nibbles; else uint16 [384, 8]: the grid's magnitudes as float16, then ksigns' bits as float16 sign masks."""
+def _f16_rows_np() -> np.ndarray:
+    """The float16 form of the gate/up kernel's IQ2_XXS tables (NIB off), from gguf's: uint16 [384, 8], rows 0..255
+    the grid's magnitudes as float16, rows 256..383 ksigns' bits as float16 sign masks (0x8000 where negated)."""
     from gguf import quants as gguf_quants
 
     cls = gguf_quants.IQ2_XXS
     cls.init_grid()
     grid = np.asarray(cls.grid, dtype=np.float32).reshape(256, 8)
     bits = (np.frombuffer(cls.ksigns, dtype=np.uint8)[:, None] >> np.arange(8)) & 1             # [128, 8]
-    if nib:
-        codes = np.searchsorted(np.asarray(cls.grid_map, dtype=np.float32), grid)                 # 8, 25, 43 -> 0..2
-        nibbles = lambda v: (v.astype(np.uint64) << (4 * np.arange(8, dtype=np.uint64))).sum(1)    # noqa: E731
-        return np.concatenate([nibbles(codes), nibbles(bits << 2)]).astype(np.uint32)
     return np.concatenate([grid.astype(np.float16).view(np.uint16), (bits * 0x8000).astype(np.uint16)])
 
 
-_TABLES: dict[tuple[str, bool], torch.Tensor] = {}
+_F16_ROWS: dict[str, torch.Tensor] = {}
 
 
 def tables(device: torch.device, nib: bool | None = None) -> torch.Tensor:
-    key = (str(device), NIB if nib is None else nib)
-    if key not in _TABLES:
-        t = _tables_np(key[1])
-        _TABLES[key] = torch.from_numpy(t.view(np.int32 if key[1] else np.int16).copy()).to(device)
-    return _TABLES[key]
+    """The gate/up kernel's IQ2_XXS tables on `device`: with nib (NIB when None) moe_triton's selector table (int32
+    [384]: each grid entry's codes as nibbles, then each sign index's bits at bit 2 of those nibbles, the one
+    _iq2_dp_block reads), else _f16_rows_np's."""
+    if NIB if nib is None else nib:
+        from ds4trt.plugins.kernels import moe_triton     # not at the top: moe_triton imports this module
+
+        return moe_triton._tables(device)[2]
+    key = str(device)
+    if key not in _F16_ROWS:
+        _F16_ROWS[key] = torch.from_numpy(_f16_rows_np().view(np.int16).copy()).to(device)
+    return _F16_ROWS[key]
 
 
 def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,

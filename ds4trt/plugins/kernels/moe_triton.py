@@ -1224,7 +1224,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  QD=down_type == Q2_K, COMPACT=long,
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
-    if n_multi and long and moe_mma.use_mma(gate_type, parts, F, cap, device) and up_type == gate_type == IQ2_XXS:
+    if n_multi and long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device):
         hi, _, _, _, inv = split_runs(v)
         moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), ws.order, ws.cnt, m_starts, gate_blocks, up_blocks,
                            ws.h, k, clamp, cap)
@@ -1243,7 +1243,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
-    if n_multi and long and moe_mma.use_mma(down_type, parts, D, cap, device) and down_type == Q2_K:
+    if n_multi and long and moe_mma.use_down(down_type, parts, D, cap, device):
         hh, _, hsh, hsl, hinv = split_runs(ws.h)
         moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, ws.order, ws.cnt, m_starts, down_blocks, ws.y, cap)
     elif n_multi:
