@@ -59,7 +59,7 @@ def main() -> int:
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
-    ap.add_argument("--moe-mma", nargs="*", type=lambda s: tuple(int(v) for v in s.split(":")), default=None,
+    ap.add_argument("--moe-mma", nargs="*", type=q8_shape, default=None,
                     metavar="NT:WARPS[:NIB[:FUSE]]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = "
                                                          "8 NT), warps, gate/up table form and one-pass gate/up "
                                                          "(default: moe_mma.WARPS, NIB, FUSE)")

@@ -59,18 +59,14 @@ def launch(device, kernel, grid: tuple[int, ...], threads: int, smem_bytes: int,
     from ds4trt.plugins.kernels import cuda_launch
 
     lib = build(cuda_launch.HERE / kernel.source, kernel.name, tuple(kernel.defines))
-    values, ranges = [], []
+    ranges = []
     for a in args:
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu":
                 raise ValueError("cuda_emu: tensors must be in host memory")
-            values.append(ctypes.c_void_p(a.data_ptr()))
             storage = a.untyped_storage()
             ranges += [a.data_ptr(), storage.data_ptr() + storage.nbytes()]       # to the end of its storage
-        elif isinstance(a, tuple):
-            values.append(a[1](a[0]))
-        else:
-            values.append(ctypes.c_int(a))
+    values = [kind(value) for value, kind in cuda_launch.typed_args(args)]
     ptrs = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
     gx, gy, gz = (*grid, 1, 1)[:3]
     err = lib.emu_launch(gx, gy, gz, threads, smem_bytes, ptrs, (ctypes.c_ulonglong * len(ranges))(*ranges),

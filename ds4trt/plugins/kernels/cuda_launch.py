@@ -66,13 +66,20 @@ def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tup
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def typed_args(args: tuple) -> list[tuple]:
+    """A kernel's arguments as (value, ctypes type): a tensor its address (c_void_p), an int c_int, a (value, ctypes
+    type) pair as given."""
+    return [(a.data_ptr(), ctypes.c_void_p) if isinstance(a, torch.Tensor) else a if isinstance(a, tuple)
+            else (a, ctypes.c_int) for a in args]
+
+
 def _bindings(name: str):
     """cuda.bindings' module `name` ("nvrtc", "driver"), or a one-line error saying what to install."""
     try:
         return getattr(__import__("cuda.bindings", fromlist=[name]), name)
     except ImportError as e:
-        raise RuntimeError(f"the CUDA C++ kernels (DS4_Q8_MMA=1, DS4_MOE_MMA=1) need cuda-bindings and NVRTC: pip install "
-                           f"cuda-bindings nvidia-cuda-nvrtc ({e})") from None
+        raise RuntimeError(f"the CUDA C++ kernels (DS4_Q8_MMA=1, DS4_F16_MMA=1, DS4_MOE_MMA=1) need cuda-bindings and "
+                           f"NVRTC: pip install cuda-bindings nvidia-cuda-nvrtc ({e})") from None
 
 
 def _check(err, what: str) -> None:
@@ -139,18 +146,8 @@ def launch(device: torch.device, kernel: Kernel, grid: tuple[int, ...], threads:
         cfg.attrs, cfg.numAttrs = [attr], 1
     else:
         cfg.numAttrs = 0
-    values, types = [], []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            values.append(a.data_ptr())
-            types.append(ctypes.c_void_p)
-        elif isinstance(a, tuple):
-            values.append(a[0])
-            types.append(a[1])
-        else:
-            values.append(a)
-            types.append(ctypes.c_int)
+    values, types = zip(*typed_args(args))
     with torch.cuda.device(index):
         _make_current(driver, index)
-        (err,) = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
+        (err,) = driver.cuLaunchKernelEx(cfg, fn, (values, types), 0)
     _check(err, "cuLaunchKernelEx")
