@@ -207,17 +207,12 @@ def _check_f16(device, Ts, N, K, seed, config=None):
         x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32)).to(device)
         ref = x.double() @ w.double().T
         out = torch.full((T, N), float("nan"), device=device)
-        got = _f16_matmul(x, w, out, config)
+        got = q8_mma.f16_mma_matmul(x, w, out, config)
         assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
         for t in range(T):
             err = _rel(got[t], ref[t])
             assert err <= TOL, f"T = {T}, row {t}, N = {N}, K = {K}: relative error {err:.3g}"
 
-
-def _f16_matmul(x, w, out, config=None):
-    if x.is_cuda:
-        return q8_mma.f16_mma_matmul(x, w, out, config)
-    return q8_mma.launch(x, w.view(torch.uint8), w, x.shape[1], 1, out, config or q8_mma.F16_CONFIG, f16=True)
 
 
 @pytest.mark.parametrize("shape", [(48, 256), (256, 1024), (64, 4096)], ids=lambda s: "x".join(map(str, s)))
@@ -230,6 +225,17 @@ def test_f16_mma_launches(kernel_device):
     """Two and eight warps a program, and few programs asked for (no K split)."""
     for config in ((2, 1, False, 528), (8, 1, False, 528), (4, 1, False, 1)):
         _check_f16(kernel_device, (1, 9), 200 // 16 * 16, 2048, seed=_seed("f16 mma launch", config), config=config)
+
+
+def test_f16_mma_rejects_bad_arguments():
+    """One-line errors for a weight or out of the wrong shape or type (before anything is launched)."""
+    w = torch.zeros(48, 256, dtype=torch.float16)
+    with pytest.raises(ValueError, match="K a multiple of 256"):
+        q8_mma.f16_mma_matmul(torch.zeros(1, 128), w[:, :128])
+    with pytest.raises(ValueError, match="float16 w"):
+        q8_mma.f16_mma_matmul(torch.zeros(1, 256), w.float())
+    with pytest.raises(ValueError, match=r"out: expected contiguous float32 \[2, 48\]"):
+        q8_mma.f16_mma_matmul(torch.zeros(2, 256), w, out=torch.zeros(2, 40))
 
 
 @gpu_only

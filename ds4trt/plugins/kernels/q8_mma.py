@@ -119,17 +119,17 @@ def q8_mma_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K
 def f16_mma_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
                    config: tuple | None = None) -> torch.Tensor:
     """x: float32 [T, K], 1 <= T <= 16; w: float16 [N, K], K a multiple of 256, N of 16 -> [T, N] float32 = x @ w.T
-    (f16_triton.f16_matmul's contract), on the tensor cores (F16W). config: F16_CONFIG's form (one tile a warp, no
-    prefetch)."""
+    (f16_triton.f16_matmul's contract; written into `out` when given), on the tensor cores (F16W). config:
+    F16_CONFIG's form (one tile a warp, no prefetch)."""
     T, K = x.shape
     if (x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 or w.shape[1] != K or K % SPAN
             or w.shape[0] % 16 or not 1 <= T <= MAX_T or x.device != w.device):
         raise ValueError(f"f16_mma_matmul: expected float32 x [1..{MAX_T}, K] and float16 w [N, K] on one device, K a "
                          f"multiple of {SPAN}, N of 16; got x {x.dtype} {list(x.shape)}, w {w.dtype} {list(w.shape)}")
-    x, w = x.contiguous(), w.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
-    out = torch.empty(T, w.shape[0], dtype=torch.float32, device=x.device) if out is None else out
+    from ds4trt.plugins.kernels import q8_triton
+
+    x, out = q8_triton.rows_and_out("f16_mma_matmul", x, w.shape[0], out)
+    w = w.contiguous()
     return launch(x, w.view(torch.uint8), w, K, 1, out, config or F16_CONFIG, f16=True)
 
 
