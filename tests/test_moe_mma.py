@@ -11,6 +11,7 @@ leaves ~5e-4, as the Triton long call's one-part product).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -68,15 +69,26 @@ def _only_pairs_written(out: torch.Tensor, pairs: torch.Tensor) -> None:
     assert torch.isnan(out[others]).all(), "rows of pairs outside the multi-pair items were written"
 
 
-def _check(device, T, E, F, D, k, cap, seed, skew=False):
-    """One long call's multi-pair items through gateup_iq2 against float64 w * swiglu(gate x, up x)."""
-    v, ids, w, (gate, up, _) = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
-    if skew:                                        # most tokens on expert 0: items of cap pairs and a partial one
+def _inputs(T, E, F, D, k, seed, skew):
+    """random_moe_inputs of the q2 mix; skew: most tokens' first slot on expert 0 (items of cap pairs and a partial
+    one beside the other experts' items)."""
+    v, ids, w, blocks = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
+    if skew:
         ids[: 3 * T // 4, 0] = 0
         ids[: 3 * T // 4, 1:] = np.where(ids[: 3 * T // 4, 1:] == 0, 1, ids[: 3 * T // 4, 1:])
+    return v, ids, w, blocks
+
+
+def _dev(a, device):
+    return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)
+
+
+def _check(device, T, E, F, D, k, cap, seed, skew=False):
+    """One long call's multi-pair items through gateup_iq2 against float64 w * swiglu(gate x, up x)."""
+    v, ids, w, (gate, up, _) = _inputs(T, E, F, D, k, seed, skew)
     flat, order, cnt, multis, pairs = _items(ids, E, cap)
     hi, _, _, inv = _split(torch.from_numpy(v))
-    dev = lambda a: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)   # noqa: E731
+    dev = functools.partial(_dev, device=device)
     h = torch.full((T * k, F), float("nan"), device=device)
     moe_mma.gateup_iq2(dev(hi), dev(inv), dev(flat), dev(w.reshape(-1)), dev(order), dev(cnt), dev(multis),
                        dev(gate), dev(up), h, k, CLAMP, cap)
@@ -98,10 +110,7 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False):
 def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
     """One long call's multi-pair items through down_q2k against float64 down_e h[pair], h ~ N(0, 1) per pair with
     a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts matter)."""
-    v, ids, _, (_, _, down) = random_moe_inputs((IQ2_XXS, IQ2_XXS, 10), T, seed, E, F, D, k)
-    if skew:
-        ids[: 3 * T // 4, 0] = 0
-        ids[: 3 * T // 4, 1:] = np.where(ids[: 3 * T // 4, 1:] == 0, 1, ids[: 3 * T // 4, 1:])
+    v, ids, _, (_, _, down) = _inputs(T, E, F, D, k, seed, skew)
     rng = np.random.default_rng(seed + 1)
     hv = rng.standard_normal((T * k, F)).astype(np.float32)
     hv[::7] *= 1e4
@@ -109,7 +118,7 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
     hv[1::5] += 30                                  # a large mean: the min term cancels most of the main one
     flat, order, cnt, multis, pairs = _items(ids, E, cap)
     hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
-    dev = lambda a: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)   # noqa: E731
+    dev = functools.partial(_dev, device=device)
     y = torch.full((T * k, D), float("nan"), device=device)
     moe_mma.down_q2k(dev(hh), dev(hsh), dev(hsl), dev(hinv), dev(flat), dev(order), dev(cnt), dev(multis),
                      dev(down), y, cap)
