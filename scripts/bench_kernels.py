@@ -11,7 +11,7 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
-      routing; a long call, timed eagerly), each also with DS4_MOE_MMA=1 (moe_mma's tensor-core gate/up and down);
+      routing; a long call, timed eagerly), each also with DS4_MOE_MMA=0 (moe_triton alone: no moe_mma);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `q8_mma`: the tensor-core kernel q8_mma and
      _q8_rows side by side at T = 1..16, and the layer's sum for each; case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
@@ -113,7 +113,7 @@ Q8_SWEEP = {1: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (16, 2, 1056
                 (64, 8, 528, 1, 2)),
             4: ((32, 2, 528, 1), (16, 2, 528, 1), (32, 2, 1056, 1), (32, 4, 528, 1), (16, 4, 528, 1), (32, 4, 1056, 1),
                 (32, 4, 1056), (32, 4, 528, 1, 4), (64, 4, 528, 1, 2), (128, 8, 528, 1, 2), (32, 2, 528, 1, 2))}
-MM_SWEEP_WARPS = (2, 8)              # moe_mma's warps a program other than its WARPS (--cases moe_long, the sweep,
+MM_SWEEP_WARPS = (2, 4)              # moe_mma's warps a program other than its WARPS (--cases moe_long, the sweep,
                                      # which also runs its other gate/up table form, NIB, and gate/up pass, FUSE)
 MMA_TS = (1, 2, 3, 4, 5, 8, 9, 16)   # rows of case q8_mma: decode, verify of 1..8 drafts, 16 (two x tiles)
 SWEEP_T: set[int] | None = None     # --sweep-t: the T at which those sweeps run (None: each sweep's own default)
@@ -319,15 +319,15 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
-        if mix == "q2":            # the same call with moe_mma's tensor-core gate/up and down, at its WARPS and NIB
-            def run_mma(run=run, warps=None, nib=None, fuse=None):   # (or, in the sweep, all `warps` / the other
-                os.environ["DS4_MOE_MMA"] = "1"                     # table form / the other gate/up pass)
+        if mix == "q2":            # the same call on moe_triton's kernels alone (DS4_MOE_MMA=0); in the sweep, with
+            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None):   # moe_mma's gate/up and down at other
+                os.environ["DS4_MOE_MMA"] = mma                               # warps / table form / gate-up pass
                 saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE)
                 MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
                 MM.NIB = saved[1] if nib is None else nib
                 MM.FUSE.update({cap: fuse for cap in MM.FUSE} if fuse is not None else {})
                 try:
-                    run(label=" (DS4_MOE_MMA=1" + (f", {warps} warps" if warps else "")
+                    run(label=f" (DS4_MOE_MMA={mma}" + (f", {warps} warps" if warps else "")
                         + (f", NIB={int(nib)}" if nib is not None else "")
                         + (f", FUSE={int(fuse)}" if fuse is not None else "") + ")")
                 finally:
@@ -335,12 +335,12 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                     MM.WARPS.update(saved[0])
                     MM.NIB = saved[1]
                     MM.FUSE.update(saved[2])
-            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=1", results, run_mma)
+            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=0", results, run_env)
             if sweeps is not None and T >= 512:
-                sweeps.append(lambda run_mma=run_mma: run_mma(nib=not MM.NIB))
-                sweeps.append(lambda run_mma=run_mma: run_mma(fuse=not MM.FUSE[32]))
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", nib=not MM.NIB))
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
-                    sweeps.append(lambda run_mma=run_mma, warps=warps: run_mma(warps=warps))
+                    sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first
@@ -422,7 +422,7 @@ def bench_q8_mma(bw: float, l2: int, results: list, sweeps: list | None) -> None
     layer's Q8_0 tensors and the LM head at MMA_TS rows; then each kernel's sum over the layer's tensors at each T
     (what a step of T rows spends on them, 43 times) and q8_mma.SWEEP's launches at T = 1, 3, 9 (--sweep-t) on the
     32 MB projections and the LM head."""
-    os.environ.pop("DS4_Q8_MMA", None)               # q8_matmul here is the Triton kernel
+    os.environ["DS4_Q8_MMA"] = "0"                   # q8_matmul here is the Triton kernel
     gen = torch.Generator(device=DEV).manual_seed(10)
     layer = {}                                        # (kind, T) -> the layer's sum, us
     for name, N, K, G in Q8_LAYER + [LM_HEAD]:

@@ -28,14 +28,6 @@ from test_kernels import CLAMP, TOL_F16, _rel, _seed
 IQ2_XXS = 16
 
 
-def _nvrtc_loads() -> bool:
-    try:
-        from cuda.bindings import nvrtc
-        return int(nvrtc.nvrtcVersion()[0]) == 0
-    except Exception:  # noqa: BLE001 - any failure to find or load the library means: not here
-        return False
-
-
 def _split(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """split_runs' hi, shi, slo and inv in torch: per 256-value chunk with e the biased exponent of its largest |x| (at
     most 252), scale = 2^(126 - e): hi = float16(x * scale), the sums of x over 16-value runs times scale = shi + slo
@@ -181,8 +173,8 @@ def test_gateup_iq2_flash_widths(cap):
                     reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (for the Triton kernels "
                            "beside)")
 @pytest.mark.parametrize("cap", [32, 64])
-def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
-    """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
+def test_moe_forward_long_call_with_moe_mma(monkeypatch, cap):
+    """moe_forward's long q2 call by default (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
     alone on expert 7 (a one-pair item). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the
     CPU stand-in."""
@@ -190,7 +182,8 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
 
     if not GPU:
         monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
-    monkeypatch.setenv("DS4_MOE_MMA", "1")
+        monkeypatch.setattr(cuda_launch, "runs_on", lambda device: True)
+    monkeypatch.delenv("DS4_MOE_MMA", raising=False)
     calls = []
     for name in ("gateup_iq2", "down_q2k"):
         fn = getattr(moe_mma, name)
@@ -207,23 +200,31 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
     assert _rel(got, _moe_ref64(*dev[:3], _deq_experts(blocks, types, range(8)), CLAMP)) <= TOL_F16
 
 
-@pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.skipif(not cuda_launch.builds(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
+    """Each CAP's launch (WARPS, FUSE), with either table form (NIB), and its down: NVRTC compiles them for sm_90 and
+    ptxas reports no stack frame and no spills, but for CAP 64's down at 8 warps, which ptxas holds to 128 registers
+    with a 40-byte stack frame and 32 bytes spilled (moe_mma.WARPS: measured faster than 4 warps all the same); at
+    most SPILL_64 bytes of either."""
+    SPILL_64 = 48
     for cap, warps in moe_mma.WARPS.items():
-        for name, nib, fuse in (("moe_gateup_iq2", True, True), ("moe_gateup_iq2", True, False),
-                                ("moe_gateup_iq2", False, True), ("moe_gateup_iq2", False, False),
+        fuse = moe_mma.FUSE[cap]
+        for name, nib, fuse in (("moe_gateup_iq2", True, fuse), ("moe_gateup_iq2", False, fuse),
                                 ("moe_down_q2k", moe_mma.NIB, False)):
             kernel = moe_mma.kernel(name, cap // 8, warps, nib, fuse)
             cubin, log = cuda_launch.compile_cubin(kernel, "sm_90", ptxas_verbose=True)
             assert cubin[:4] == b"\x7fELF"
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                               rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            assert frame and frame.groups() == ("0", "0", "0"), f"{kernel}: {frame.group(0) if frame else log}"
+            assert frame, f"{kernel}: {log}"
+            bound = SPILL_64 if (name, cap, warps) == ("moe_down_q2k", 64, 8) else 0
+            assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
 
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
-    """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU the opt-in paths keep the Triton kernels; and
-    moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, with DS4_MOE_MMA=1."""
+    """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU, or without cuda-bindings and NVRTC, the Triton
+    kernels stay; and moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, unless
+    DS4_MOE_MMA=0."""
     gpu = torch.device("cuda", 0)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
     for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
@@ -237,6 +238,10 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     assert not moe_mma.use_down(IQ2_XXS, 1, 4096, 64, gpu)                    # an IQ2_XXS down
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 16, gpu)         # a CAP without a launch (a sweep's)
-    monkeypatch.delenv("DS4_MOE_MMA")
+    monkeypatch.setenv("DS4_MOE_MMA", "0")
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)
-    assert cuda_launch.runs_on(torch.device("cpu"))
+    monkeypatch.delenv("DS4_MOE_MMA")
+    assert moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)                # on by default
+    monkeypatch.setattr(cuda_launch, "builds", lambda: False)                      # no cuda-bindings / NVRTC
+    assert not cuda_launch.runs_on(gpu) and not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)
+    assert not cuda_launch.runs_on(torch.device("cpu"))                           # only the tests' stand-in

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from ds4trt.plugins.kernels import q8_mma, q8_triton
+from ds4trt.plugins.kernels import cuda_launch, q8_mma, q8_triton
 from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 from test_kernels import TOL, _rel, _seed
 
@@ -36,15 +36,7 @@ def _matmul(x, quants, scales, K, groups=1, out=None, config=None):
     return q8_mma.launch(x, quants, scales, K, groups, out, config)
 
 
-def _nvrtc_loads() -> bool:
-    try:
-        from cuda.bindings import nvrtc
-        return int(nvrtc.nvrtcVersion()[0]) == 0
-    except Exception:  # noqa: BLE001 - any failure to find or load the library means: not here
-        return False
-
-
-@pytest.mark.skipif(not _nvrtc_loads(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.skipif(not cuda_launch.builds(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
     """CONFIG and each SWEEP launch, for one and two x tiles: NVRTC compiles them for sm_90 and ptxas reports no
     spill stores or loads and no stack frame (an array indexed at run time or too many registers would show there),
@@ -173,17 +165,23 @@ def test_q8_mma_replays_from_a_cuda_graph():
 
 
 @gpu_only
-def test_q8_matmul_dispatches_with_ds4_q8_mma(monkeypatch):
-    """q8_triton.q8_matmul sends calls here with DS4_Q8_MMA=1 (the bits of q8_mma_matmul), else runs _q8_rows."""
+def test_q8_matmul_dispatches_where_q8_mma_is_faster(monkeypatch):
+    """q8_triton.q8_matmul sends a call here (the bits of q8_mma_matmul) where `faster` says: 5 rows of x, or 2 of a
+    weight 4096 wide and deep; it keeps _q8_rows for one row and for 2 rows of a narrower weight. DS4_Q8_MMA=1 sends
+    every call here, DS4_Q8_MMA=0 none."""
     rng = np.random.default_rng(_seed("mma dispatch"))
-    N, K = 512, 1024
-    quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
-    x = torch.randn(5, K, device="cuda")
-    mma = q8_mma.q8_mma_matmul(x, quants, scales, K)
     monkeypatch.delenv("DS4_Q8_MMA", raising=False)
-    assert not torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma)    # other summation orders
-    monkeypatch.setenv("DS4_Q8_MMA", "1")
-    assert torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma)
+    for (N, K), T, here in (((512, 1024), 5, True), ((512, 1024), 2, False), ((4096, 4096), 2, True),
+                            ((4096, 4096), 1, False), ((8192, 2048), 4, False)):
+        quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
+        x = torch.randn(T, K, device="cuda")
+        mma = q8_mma.q8_mma_matmul(x, quants, scales, K)
+        assert torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma) is here, (N, K, T)  # other sum orders
+        monkeypatch.setenv("DS4_Q8_MMA", "1")
+        assert torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma), (N, K, T)
+        monkeypatch.setenv("DS4_Q8_MMA", "0")
+        assert not torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma), (N, K, T)
+        monkeypatch.delenv("DS4_Q8_MMA")
 
 
 @gpu_only
@@ -253,10 +251,12 @@ def test_f16_matmul_dispatches_with_ds4_f16_mma(monkeypatch):
 
 
 def test_cuda_kernels_say_what_to_install(monkeypatch):
-    """Without cuda-bindings, building a CUDA C++ kernel (the opt-in DS4_Q8_MMA / DS4_MOE_MMA paths) fails with a
-    one-line error naming the packages, not an ImportError from deep inside."""
+    """Without cuda-bindings, building a CUDA C++ kernel fails with a one-line error naming the packages, not an
+    ImportError from deep inside, and the products keep the Triton kernels (cuda_launch.builds is False)."""
     import sys
 
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    monkeypatch.setattr(cuda_launch, "builds", cuda_launch.builds.__wrapped__)
+    assert not cuda_launch.builds()
     with pytest.raises(RuntimeError, match="need cuda-bindings and NVRTC: pip install cuda-bindings nvidia-cuda-nvrtc"):
         q8_mma.compile_cubin("sm_90", 1, 2, 4, False)

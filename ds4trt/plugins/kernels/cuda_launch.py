@@ -32,9 +32,20 @@ class Kernel(NamedTuple):
 
 def runs_on(device: torch.device) -> bool:
     """Whether the kernels can run on `device`: they use mma.sync.m16n8k16 and cp.async, so a GPU of compute capability
-    8.0 or newer (A100, H100 / H200, Jetson Orin; not Turing or Jetson Xavier). True for the CPU, where only the tests'
-    stand-in runs them."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+    8.0 or newer (A100, H100 / H200, Jetson Orin; not Turing or Jetson Xavier), and they are built by NVRTC through
+    cuda-bindings (`builds`). False for the CPU, where only the tests' stand-in runs them (its tests say so)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) and builds()
+
+
+@functools.cache
+def builds() -> bool:
+    """Whether cuda-bindings imports and NVRTC loads, so that kernels here can be compiled; where not, the callers keep
+    the Triton kernels (a speed choice: both compute the same products)."""
+    try:
+        err, _, _ = _bindings("nvrtc").nvrtcVersion()
+        return int(err) == 0
+    except Exception:   # noqa: BLE001  (cuda-bindings missing, or its NVRTC library not found: any failure means no)
+        return False
 
 
 def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tuple[bytes, str]:
@@ -78,8 +89,8 @@ def _bindings(name: str):
     try:
         return getattr(__import__("cuda.bindings", fromlist=[name]), name)
     except ImportError as e:
-        raise RuntimeError(f"the CUDA C++ kernels (DS4_Q8_MMA=1, DS4_F16_MMA=1, DS4_MOE_MMA=1) need cuda-bindings and "
-                           f"NVRTC: pip install cuda-bindings nvidia-cuda-nvrtc ({e})") from None
+        raise RuntimeError(f"the CUDA C++ kernels (q8_mma, moe_mma) need cuda-bindings and NVRTC: pip install "
+                           f"cuda-bindings nvidia-cuda-nvrtc ({e})") from None
 
 
 def _check(err, what: str) -> None:

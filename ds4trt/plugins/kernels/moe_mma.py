@@ -16,8 +16,11 @@ memory by cp.async.
 Numerics as the Triton long call with one activation part (LONG_CONFIGS: q2): the block values are exact float16
 integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float32; ~5e-4 against float64.
 
-Not yet measured on a GPU (no device was lent when it was written): moe_triton.moe_forward takes it only with
-DS4_MOE_MMA=1 (`use_gateup`, `use_down`). tests/test_moe_mma.py runs it on the CPU stand-in of tests/cuda_emu.
+Measured (`python3 scripts/bench_kernels.py --cases moe_long`, H100, 2026-12-05; a q2 layer's routed experts, ms at
+T = 256 / 512 / 1024 / 2048, 2048 skewed): Triton 4.71 / 4.80 / 5.46 / 9.44, 9.48; here at 4 warps 3.14 / 3.20 / 3.92
+/ 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -. So moe_triton.moe_forward sends every long q2 call here
+(`use_gateup`, `use_down`; DS4_MOE_MMA=0 keeps Triton). tests/test_moe_mma.py runs it on the CPU stand-in of
+tests/cuda_emu and on the GPU.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ from ds4trt.plugins.kernels import cuda_launch
 
 Q2_K, IQ2_XXS = 10, 16
 XSTRIDE = 576                 # bytes of a token's chunk in shared memory (moe_mma.cu)
-WARPS = {32: 4, 64: 4}        # warps (16 rows each) of a program by CAP: not swept yet
+WARPS = {32: 8, 64: 8}        # warps (16 rows each) of a program by CAP: 8 beat 4 and 2 (the header's runs)
 # the gate/up's IQ2_XXS tables (moe_mma.cu): True, 4-byte nibble selectors (fewer shared-memory passes, more
-# operations); False, 16-byte float16 rows. Not measured yet: True on the arithmetic of bank conflicts alone.
+# operations); False, 16-byte float16 rows: 4.08 / 4.86 / 7.85 ms at T = 512 / 1024 / 2048 against 3.20 / 3.92 / 7.36
+# with True (the header's runs, 4 warps).
 NIB = True
 # gate and up in one pass over each block, by CAP (moe_mma.cu's FUSE): each x fragment read from shared memory serves
 # both matrices (one 16-byte read per two tensor-core products apart, per four fused). sm_90 with NIB: CAP 32 126
 # registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart; CAP 64 206 and 647
-# against 160 and 2 x 360 (two programs per SM either way: shared memory). Not measured yet.
+# against 160 and 2 x 360 (two programs per SM either way: shared memory). Apart: 3.43 / 4.24 / 7.43 ms at T = 512 /
+# 1024 / 2048 against 3.20 / 3.92 / 7.36 fused (the header's runs, 4 warps).
 FUSE = {32: True, 64: True}
 
 
@@ -55,9 +60,9 @@ def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device)
 
 
 def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:
-    """DS4_MOE_MMA=1, a device the kernels run on (cuda_launch.runs_on), one activation part, items of a CAP with a
-    launch here (WARPS) and rows a multiple of its row tile."""
-    return (os.environ.get("DS4_MOE_MMA") == "1" and cuda_launch.runs_on(device) and parts == 1 and cap in WARPS
+    """Not DS4_MOE_MMA=0, a device the kernels run on (cuda_launch.runs_on), one activation part, items of a CAP with
+    a launch here (WARPS) and rows a multiple of its row tile."""
+    return (os.environ.get("DS4_MOE_MMA") != "0" and cuda_launch.runs_on(device) and parts == 1 and cap in WARPS
             and rows % (16 * WARPS[cap]) == 0)
 
 

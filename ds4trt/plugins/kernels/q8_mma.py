@@ -14,8 +14,8 @@ subtractions whatever T is (up to 8; 16 with two x tiles), and the weights reach
 (q8_mma.cu's header has the layout). Numerics: the products are exact (q x float16 parts of x / s), summed in float32
 by the tensor cores and the block scales applied in float32: ~1e-6 relative, inside the 1e-5 of the float32 kernels.
 
-Not yet measured on a GPU (no device was lent when it was written): q8_triton.q8_matmul takes it only with
-DS4_Q8_MMA=1 (`use_mma`), so that the graphs keep the measured kernel until bench_kernels' case q8_mma has timed both.
+q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`): verify steps' wide
+products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows.
 Built and launched by cuda_launch (NVRTC, the CUDA driver on PyTorch's current stream). Triton is imported only by the
 launching functions (q8_triton's layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is
 installed (the offline check).
@@ -51,16 +51,29 @@ SWEEP = ((4, 1, False, 528), (4, 1, True, 528), (8, 2, False, 528), (2, 2, False
 F16_CONFIG = (4, 1, False, 528)
 
 
-def use_mma(x: torch.Tensor, N: int, groups: int) -> bool:
-    """Whether q8_matmul sends x's rows here (off by default: not measured): DS4_Q8_MMA=1, a CUDA tensor on a GPU the
-    kernel runs on (cuda_launch.runs_on), T <= MAX_T, and groups of whole 16-row tiles."""
-    return (os.environ.get("DS4_Q8_MMA") == "1" and x.is_cuda and cuda_launch.runs_on(x.device)
-            and x.shape[0] <= MAX_T and (N // groups) % 16 == 0)
+def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
+    """Whether q8_matmul sends x's rows here: a CUDA tensor on a GPU the kernel runs on (cuda_launch.runs_on),
+    T <= MAX_T, groups of whole 16-row tiles, and T and the weight where it was measured faster than _q8_rows
+    (`faster`). DS4_Q8_MMA=1 takes every such call, DS4_Q8_MMA=0 none."""
+    mode = os.environ.get("DS4_Q8_MMA")
+    return (mode != "0" and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
+            and cuda_launch.runs_on(x.device) and (mode == "1" or faster(x.shape[0], N, K)))
+
+
+def faster(T: int, N: int, K: int) -> bool:
+    """Where this kernel beat _q8_rows (`python3 scripts/bench_kernels.py --cases q8_mma`, H100, 2026-12-05): from 5
+    rows of x on at every Flash shape (attn_q_b 35.8 -> 24.7 us at T = 5, the LM head 541 -> 231), and from 2 rows on
+    for weights at least 4096 wide and deep (N all rows, K the values of one group), where _q8_rows' extra FMA work
+    per row of x shows first (attn_output_a 23.1 -> 21.5 us at T = 2, the LM head 270 -> 212); not at T = 1 (the LM
+    head 205 against 206, attn_q_b 14.5 against 19.8), nor at T = 2..4 for the narrower projections (attn_q_b 18.3
+    against 20.8 at T = 2)."""
+    return T >= 5 or (T >= 2 and N >= 4096 and K >= 4096)
 
 
 def use_f16_mma(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether f16_triton.f16_matmul sends x's rows here (off by default: not measured): DS4_F16_MMA=1, a CUDA tensor
-    on a GPU the kernel runs on, T <= MAX_T, K a multiple of 256 and whole 16-row tiles."""
+    """Whether f16_triton.f16_matmul sends x's rows here (off by default: slower than f16_triton's kernel, whose
+    docstring has the numbers): DS4_F16_MMA=1, a CUDA tensor on a GPU the kernel runs on, T <= MAX_T, K a multiple of
+    256 and whole 16-row tiles."""
     return (os.environ.get("DS4_F16_MMA") == "1" and x.is_cuda and cuda_launch.runs_on(x.device)
             and x.shape[0] <= MAX_T and x.shape[1] % SPAN == 0 and w.shape[0] % 16 == 0)
 
