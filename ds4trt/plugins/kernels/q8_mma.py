@@ -34,16 +34,18 @@ MAX_T = 16                   # two x tiles of 8 rows
 SPAN = 256                   # values of a span: split_q8's 8 interleaved blocks (q8_triton.SPAN, q8_mma.cu's SPAN)
 MAX_SPANS = 4                # spans of 256 values a program converts into shared memory (K is split to reach it)
 HI_BYTES = 0x64646464       # the kernel's last argument (q8_mma.cu says why it is not a literal there)
-# (warps, 16-row tiles per warp, prefetch, min programs): the launch of every call until a GPU sweep sets better ones.
-# Offline for sm_90 (python3 scripts/sass_report.py --q8-t 1 3 --q8-mma 1:2:4:0 2:2:4:0 1:2:4:1 1:4:4:0): 125
-# registers, 539 SASS instructions a span (a lane's 256 weight bytes: 2.1 a byte at any T <= 8, 2.6 with two x tiles:
-# 171 registers, 659), where _q8_rows' loop step takes 333 for 64 bytes at T = 1 (5.2 a byte) and 277 for 32 at T = 3
-# (8.7); with prefetch (1:2:4:1) 250 registers; 4 tiles a warp (1:4:4:0) 255 and spills.
-CONFIG = (4, 2, False, 528)
+# (warps, 16-row tiles per warp, prefetch, min programs): the launch of every call. Offline for sm_90 (python3
+# scripts/sass_report.py --q8-t 1 3 --q8-mma 1:2:4:0 2:2:4:0 1:2:4:1 1:4:4:0): 125 registers, 539 SASS instructions a
+# span (a lane's 256 weight bytes: 2.1 a byte at any T <= 8, 2.6 with two x tiles: 171 registers, 659), where
+# _q8_rows' loop step takes 333 for 64 bytes at T = 1 (5.2 a byte) and 277 for 32 at T = 3 (8.7); with prefetch
+# (1:2:4:1) 250 registers; 4 tiles a warp (1:4:4:0) 255 and spills. The sweep (bench_kernels --cases q8_mma, H100,
+# 2026-12-05) put 264 min programs (fewer K splits) ahead of 528 on every 32 MB projection at T = 1 / 3 / 9, e.g.
+# attn_output_a 18.0 / 19.6 / 33.7 us against 20.1 / 22.4 / 43.3; the LM head the same (206 / 218 / 376).
+CONFIG = (4, 2, False, 264)
 # the launches bench_kernels' case q8_mma times against CONFIG (each compiles for sm_90 without spills at NT = 1, 2;
 # (8, 1, False, ...) does not: ptxas gives it 80 registers and a 16-byte stack frame)
-SWEEP = ((4, 1, False, 528), (4, 1, True, 528), (8, 2, False, 528), (2, 2, False, 528), (4, 2, False, 264),
-         (4, 2, False, 1056), (4, 1, False, 1056))
+SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, False, 264), (4, 2, False, 528),
+         (4, 2, False, 132), (8, 2, False, 528))
 
 
 # float16 weights (F16W: the routers, compressors and indexer projections, f16_triton's): one 16-row tile a warp (a
