@@ -17,7 +17,7 @@ zeros; the kernels' time does not depend on the values):
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
      product, with the ramp and tail of one launch that the copy bandwidth's floor leaves out); the F16 products of
      a layer (router, compressors, indexer; each alone, and a layer's F16 projections of one input stacked as one
-     matrix), T = 1..5 and 9, each also on the tensor cores (q8_mma.f16_mma_matmul, what DS4_F16_MMA=1 selects);
+     matrix), T = 1..5 and 9;
   2b. decode attention (attend_triton) over 129 .. 8321 keys, T = 1, 2, 4 (ATTEND_KEYS);
   2c. prefill attention (attend_long_triton) of a 256-query block at the end of a 2048-token prompt's second
       chunk of 1024, for a window-only, a ratio-4 and a ratio-128 layer (the keys and masks model/attention.py
@@ -472,10 +472,6 @@ def bench_f16(bw: float, l2: int, results: list, sweeps: list | None) -> None:
             label = f"f16 {name} {N}x{K}"
             guarded(f"{label} T={T}", results, lambda fn=fn, C=C, T=T, nb=nbytes, label=label, name=name:
                     results.append(case(label, T, nb, time_graph(fn, C), bw, kind="f16", tensor=name)))
-            if K % QM.SPAN == 0 and N % 16 == 0:      # the same products on the tensor cores (q8_mma's F16W)
-                guarded(f"{label} T={T} f16_mma", results, lambda C=C, T=T, nb=nbytes, label=label, name=name, x=x,
-                        ws=ws: results.append(case(label + " f16_mma", T, nb, time_graph(
-                            lambda: [QM.f16_mma_matmul(x, w) for w in ws], C), bw, kind="f16_mma", tensor=name)))
             if sweeps is not None and T in (1, 2, 4):
                 for cfg in F16_SWEEP:
                     if cfg != F16.launch_shape(N, K, T):

@@ -3,7 +3,7 @@
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long [--long-config C ...]]
-                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--q8-mma NT:MT:WARPS:PF[:F16W] ...]
+                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--q8-mma NT:MT:WARPS:PF ...]
                                    [--moe-mma NT:WARPS ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
@@ -63,10 +63,9 @@ def main() -> int:
                     metavar="NT:WARPS[:NIB[:FUSE]]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = "
                                                          "8 NT), warps, gate/up table form and one-pass gate/up "
                                                          "(default: moe_mma.WARPS, NIB, FUSE)")
-    ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF[:F16W]",
+    ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
                     help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
-                         "warp, warps, prefetch and float16 weights (default: q8_mma.CONFIG at NT = 1 and 2, "
-                         "F16_CONFIG at NT = 1)")
+                         "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
     ap.add_argument("--dump", help="write <kernel>.ttgir and <kernel>.sass here")
     args = ap.parse_args()
     sm90.activate()
@@ -132,11 +131,9 @@ def main() -> int:
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf, nb=nb))
     from ds4trt.plugins.kernels import q8_mma as QM
     warps, mt, pf, _ = QM.CONFIG
-    fw, fmt, fpf, _ = QM.F16_CONFIG
-    for nt, mt_, warps_, pf_, *f16 in args.q8_mma or [(1, mt, warps, pf), (2, mt, warps, pf), (1, fmt, fw, fpf, 1)]:
-        f16 = bool(f16 and f16[0])
-        cubin, _ = QM.compile_cubin("sm_90", nt, mt_, warps_, bool(pf_), f16=f16)
-        label = f"q8_mma_nt{nt}_{mt_}x{warps_}" + ("_pf" if pf_ else "") + ("_f16w" if f16 else "")
+    for nt, mt_, warps_, pf_ in args.q8_mma or [(1, mt, warps, pf), (2, mt, warps, pf)]:
+        cubin, _ = QM.compile_cubin("sm_90", nt, mt_, warps_, bool(pf_))
+        label = f"q8_mma_nt{nt}_{mt_}x{warps_}" + ("_pf" if pf_ else "")
         rows.append((label, sm90.cubin_stats(cubin, label, QM.smem_bytes(nt, QM.MAX_SPANS), innermost_mma=True)))
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)

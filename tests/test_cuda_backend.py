@@ -340,13 +340,11 @@ def test_demo_speculative_compiled_equals_greedy():
 
 
 @gpu_only
-@pytest.mark.parametrize("env", ["DS4_Q8_MMA", "DS4_F16_MMA"])
-def test_tensor_core_q8_decodes_the_cpu_tokens(monkeypatch, env):
-    """DS4_Q8_MMA=1 / DS4_F16_MMA=1: every Q8_0 / float16 product of up to 16 rows on q8_mma's tensor-core kernel
-    (decode, verify, draft steps and short prefill chunks, graphs on; float16 ones where K is whole spans): the demo
-    model's greedy tokens are the CPU reference's, and speculative decoding (3 drafts, float numerics) gives its own
-    greedy tokens and caches."""
-    monkeypatch.setenv(env, "1")
+def test_tensor_core_q8_decodes_the_cpu_tokens(monkeypatch):
+    """DS4_Q8_MMA=1: every Q8_0 product of up to 16 rows on q8_mma's tensor-core kernel (decode, verify, draft steps
+    and short prefill chunks, graphs on): the demo model's greedy tokens are the CPU reference's, and speculative
+    decoding (3 drafts, float numerics) gives its own greedy tokens and caches."""
+    monkeypatch.setenv("DS4_Q8_MMA", "1")
     cpu = Engine.open(MODELS / "demo.gguf")
     demo = cuda.open_engine(MODELS / "demo.gguf", MODELS / "demo-mtp.gguf")
     for text in DEMO_PROMPTS[:2]:

@@ -41,9 +41,9 @@ def test_every_launch_compiles_for_sm90_without_spills():
     """CONFIG and each SWEEP launch, for one and two x tiles: NVRTC compiles them for sm_90 and ptxas reports no
     spill stores or loads and no stack frame (an array indexed at run time or too many registers would show there),
     and CONFIG's one-tile kernel fits in 128 registers (four 4-warp programs per SM)."""
-    for warps, mt, pf, _, *f16 in (q8_mma.CONFIG, *q8_mma.SWEEP, (*q8_mma.F16_CONFIG, True)):
+    for warps, mt, pf, _ in (q8_mma.CONFIG, *q8_mma.SWEEP):
         for nt in (1, 2):
-            cubin, log = q8_mma.compile_cubin("sm_90", nt, mt, warps, pf, ptxas_verbose=True, f16=bool(f16))
+            cubin, log = q8_mma.compile_cubin("sm_90", nt, mt, warps, pf, ptxas_verbose=True)
             assert cubin[:4] == b"\x7fELF", (nt, mt, warps, pf)
             frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
             regs = re.search(r"Used (\d+) registers", log)
@@ -194,60 +194,6 @@ def test_q8_mma_rejects_bad_arguments():
         q8_mma.q8_mma_matmul(torch.zeros(1, K), quants, scales, K)
     with pytest.raises(ValueError, match="multiple of the row tile 128"):
         q8_mma.q8_mma_matmul(torch.zeros(1, 2 * K, device="cuda"), quants, scales, K, groups=2)
-
-
-def _check_f16(device, Ts, N, K, seed, config=None):
-    """f16_mma_matmul (a float16 weight, q8_mma.cu's F16W) against float64 for each T: w ~ N(0, 1/K) as float16, x
-    standard normal, rows checked each against its own reference."""
-    rng = np.random.default_rng(seed)
-    w = torch.from_numpy((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float16)).to(device)
-    for T in Ts:
-        x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32)).to(device)
-        ref = x.double() @ w.double().T
-        out = torch.full((T, N), float("nan"), device=device)
-        got = q8_mma.f16_mma_matmul(x, w, out, config)
-        assert not q8_triton._counters(x.device).any(), "split row tiles left their arrival counters set"
-        for t in range(T):
-            err = _rel(got[t], ref[t])
-            assert err <= TOL, f"T = {T}, row {t}, N = {N}, K = {K}: relative error {err:.3g}"
-
-
-
-@pytest.mark.parametrize("shape", [(48, 256), (256, 1024), (64, 4096)], ids=lambda s: "x".join(map(str, s)))
-def test_f16_mma(kernel_device, shape):
-    """Float16 weights (routers, compressors, indexer): T = 1..16, partial row tiles (48 rows), K splits (4096)."""
-    _check_f16(kernel_device, TS, *shape, seed=_seed("f16 mma", *shape))
-
-
-def test_f16_mma_launches(kernel_device):
-    """Two and eight warps a program, and few programs asked for (no K split)."""
-    for config in ((2, 1, False, 528), (8, 1, False, 528), (4, 1, False, 1)):
-        _check_f16(kernel_device, (1, 9), 200 // 16 * 16, 2048, seed=_seed("f16 mma launch", config), config=config)
-
-
-def test_f16_mma_rejects_bad_arguments():
-    """One-line errors for a weight or out of the wrong shape or type (before anything is launched)."""
-    w = torch.zeros(48, 256, dtype=torch.float16)
-    with pytest.raises(ValueError, match="K a multiple of 256"):
-        q8_mma.f16_mma_matmul(torch.zeros(1, 128), w[:, :128])
-    with pytest.raises(ValueError, match="float16 w"):
-        q8_mma.f16_mma_matmul(torch.zeros(1, 256), w.float())
-    with pytest.raises(ValueError, match=r"out: expected contiguous float32 \[2, 48\]"):
-        q8_mma.f16_mma_matmul(torch.zeros(2, 256), w, out=torch.zeros(2, 40))
-
-
-@gpu_only
-def test_f16_matmul_dispatches_with_ds4_f16_mma(monkeypatch):
-    """f16_triton.f16_matmul sends calls here with DS4_F16_MMA=1 (the bits of f16_mma_matmul), else runs _f16_rows."""
-    from ds4trt.plugins.kernels import f16_triton
-
-    w = (torch.randn(512, 1024, device="cuda") / 32).half()
-    x = torch.randn(5, 1024, device="cuda")
-    mma = q8_mma.f16_mma_matmul(x, w)
-    monkeypatch.delenv("DS4_F16_MMA", raising=False)
-    assert not torch.equal(f16_triton.f16_matmul(x, w), mma)    # other summation orders
-    monkeypatch.setenv("DS4_F16_MMA", "1")
-    assert torch.equal(f16_triton.f16_matmul(x, w), mma)
 
 
 def test_cuda_kernels_say_what_to_install(monkeypatch):

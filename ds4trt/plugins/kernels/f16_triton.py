@@ -6,10 +6,9 @@ for T = 1..MAX_T rows of x (up to LAUNCH_T per launch), W read as float16 and ac
 One launch, grid (N / BR): a program holds BR rows of W in tiles of BK values (16-byte loads along K, the f16
 values made exact float32) and multiplies each by the T rows of x into [BR, BK] float32 partial products,
 reduced across the lanes once at the end. launch_shape picks (BR, BK) from N and T as measured on the H200. The
-CUDA backend held these tensors as float32 for cuBLAS GEMVs: twice the bytes. With DS4_F16_MMA=1 calls go to q8_mma's
-tensor-core kernel instead (f16_mma_matmul: one launch for any T <= 16); measured slower at the Flash shapes for T <= 5
-(`python3 scripts/bench_kernels.py --cases f16`, H100, 2026-12-05: u_group_ratio4 8.3 against 16.1 us at T = 1, 11.8
-against 17.1 at T = 3), so off by default.
+CUDA backend held these tensors as float32 for cuBLAS GEMVs: twice the bytes. A tensor-core form (q8_mma.cu's F16W,
+the forty-first session) was slower at every Flash shape for T <= 5 and was removed (BENCHMARKS.md, the forty-second
+session).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ds4trt.plugins.kernels import q8_mma
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_T = 16              # rows of x per call (decode and verify steps); longer ones (prefill) use torch
@@ -85,8 +83,6 @@ def f16_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int] | None 
             or w.shape[1] != K:
         raise ValueError(f"f16_matmul: expected float32 x [1..{MAX_T}, K] and float16 w [N, K], got x {x.dtype} "
                          f"{list(x.shape)}, w {w.dtype} {list(w.shape)}")
-    if config is None and q8_mma.use_f16_mma(x, w):        # opt-in (DS4_F16_MMA=1): measured slower
-        return q8_mma.f16_mma_matmul(x, w)
     N = w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     x, w = x.contiguous(), w.contiguous()

@@ -1,5 +1,4 @@
-// Q8_0 (and float16, F16W) matrix products on the tensor cores for T = 1..16 rows of x (q8_mma.py compiles this
-// with NVRTC):
+// Q8_0 matrix products on the tensor cores for T = 1..16 rows of x (q8_mma.py compiles this with NVRTC):
 //
 //   out [T, N] float32 = x [T, G*K] float32 @ W.T,   W [N, K] as q8_triton.split_q8's arrays:
 //   quants u8 [N, KP] (u = q + 128; in each span of 8 blocks word j of block b at word 8*j + b), scales f16 [N, KP/32]
@@ -21,13 +20,8 @@
 // in part[split] and counts itself in cnt[tile]; the last of a tile's programs adds the partials in split order
 // (deterministic), writes out and sets cnt[tile] back to 0 (q8_triton's scheme and counters).
 //
-// F16W (a float16 weight [N, K], K a multiple of 256, in place of the quants; no scales): the same program with no
-// decode at all, each lane's A fragments straight from 16-byte loads of 8 consecutive values of its rows (load_span's
-// order) and x's groups placed to match (x_unit).
-//
 // Compile-time: NT (x tiles of 8 rows: 1 for T <= 8, 2 for T <= 16), MT (16-row tiles per warp), WARPS, PF (1: the
-// next span's loads issued before this span's products; the first span's are always issued before x is prepared),
-// F16W.
+// next span's loads issued before this span's products; the first span's are always issued before x is prepared).
 
 #include "ptx_ops.cuh"
 
@@ -48,60 +42,6 @@ __device__ __forceinline__ void zero(float (&a)[MT][NT][4]) {
             for (int e = 0; e < 4; ++e)
                 a[mt][nt][e] = 0.f;
 }
-
-#if F16W
-// where x's 4-value group q of a span (values 4q..4q+3) goes in shared memory: lane t's group of k step (b, h), q =
-// 16t + 2b + h, at unit 4(2b + h) + t, so that the 4 lanes of a row read 64 contiguous bytes
-__device__ __forceinline__ int x_unit(int q) { return (q & 15) * 4 + (q >> 4); }
-
-// One span of a warp's rows in registers (a float16 weight, F16W): values 64t .. 64t + 63 of rows g and g + 8 of each
-// tile, 8 loads of 8 values. In k step (b, h) lane t's k slots stand for values 64t + 8b + 4h + 0..3.
-struct Span {
-    uint4 w[MT][2][8];                        // [tile][row g, g + 8][values 64t + 8b .. + 7]
-};
-
-__device__ __forceinline__ void load_span(Span& sp, const unsigned char* __restrict__ weight, const u16* __restrict__,
-                                          int wrow0, int g, int t, int N, int KP, int span) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = min(wrow0 + mt * 16 + g + 8 * r, N - 1);
-            const uint4* q = (const uint4*)(weight + 2 * ((long long)row * KP + (long long)span * SPAN + 64 * t));
-#pragma unroll
-            for (int b = 0; b < 8; ++b)
-                sp.w[mt][r][b] = __ldg(q + b);
-        }
-}
-
-// acc[tile][x tile] += the span's products: xs the span's x parts in shared memory (rows of `stride` bytes)
-__device__ __forceinline__ void mul_span(float (&acc)[MT][NT][4], const Span& sp, const unsigned char* xs,
-                                         int stride, int g, int t, u32) {
-#pragma unroll
-    for (int b = 0; b < 8; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint4 xb[NT];                     // x rows 8nt + g, values 64t + 8b + 4h..+3: hi pair x 2, lo x 2
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                xb[nt] = *(const uint4*)(xs + (8 * nt + g) * stride + x_unit(16 * t + 2 * b + h) * 16);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const uint4 wg = sp.w[mt][0][b], w8 = sp.w[mt][1][b];
-                const u32 a0 = h ? wg.z : wg.x, a2 = h ? wg.w : wg.y;        // row g, values 0, 1 and 2, 3
-                const u32 a1 = h ? w8.z : w8.x, a3 = h ? w8.w : w8.y;        // row g + 8
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    mma(acc[mt][nt], a0, a1, a2, a3, xb[nt].x, xb[nt].y);
-                    mma(acc[mt][nt], a0, a1, a2, a3, xb[nt].z, xb[nt].w);
-                }
-            }
-        }
-}
-
-#else
-// x's 4-value groups in their natural order (lane t's group of k step h of block b is 8b + 4h + t)
-__device__ __forceinline__ int x_unit(int q) { return q; }
 
 // One span of a warp's rows in registers: words t and t + 4 of the 8 blocks of rows g and g + 8 of each tile, and
 // the rows' 8 scales.
@@ -169,8 +109,6 @@ __device__ __forceinline__ void mul_span(float (&acc)[MT][NT][4], const Span& sp
         }
     }
 }
-#endif
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, const u16* __restrict__ scales,
        float* __restrict__ out, float* __restrict__ part, int* __restrict__ cnt, int T, int N, int rows_per_group,
@@ -237,7 +175,7 @@ q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, co
         uint4 packed;
         packed.x = h[0] | ((u32)h[1] << 16), packed.y = h[2] | ((u32)h[3] << 16);
         packed.z = h[4] | ((u32)h[5] << 16), packed.w = h[6] | ((u32)h[7] << 16);
-        *(uint4*)(smem + n * stride + ((grp & ~63) + x_unit(grp & 63)) * 16) = packed;
+        *(uint4*)(smem + n * stride + grp * 16) = packed;
     }
     __syncthreads();
 

@@ -2,7 +2,6 @@
 of x: the same contract as q8_triton.q8_matmul, on split_q8's arrays.
 
     q8_mma_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None, config=None) -> out [T, N] float32
-    f16_mma_matmul(x [T, K] f32, w [N, K] f16, out=None, config=None) -> out [T, N] float32   (f16_triton's contract)
     launch(x, quants, scales, K, groups, out, config=None) -> out    # arguments q8_triton.call_operands checked
     compile_cubin(arch, nt, mt, warps, pf, ptxas_verbose=False) -> (cubin bytes, NVRTC log)    # no GPU needed
 
@@ -48,9 +47,6 @@ SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, Fals
          (4, 2, False, 132), (8, 2, False, 528))
 
 
-# float16 weights (F16W: the routers, compressors and indexer projections, f16_triton's): one 16-row tile a warp (a
-# lane holds 64 values of each of its rows a span), no prefetch.
-F16_CONFIG = (4, 1, False, 528)
 
 
 def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
@@ -72,14 +68,6 @@ def faster(T: int, N: int, K: int) -> bool:
     return T >= 5 or (T >= 2 and N >= 4096 and K >= 4096)
 
 
-def use_f16_mma(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether f16_triton.f16_matmul sends x's rows here (off by default: slower than f16_triton's kernel, whose
-    docstring has the numbers): DS4_F16_MMA=1, a CUDA tensor on a GPU the kernel runs on, T <= MAX_T, K a multiple of
-    256 and whole 16-row tiles."""
-    return (os.environ.get("DS4_F16_MMA") == "1" and x.is_cuda and cuda_launch.runs_on(x.device)
-            and x.shape[0] <= MAX_T and x.shape[1] % SPAN == 0 and w.shape[0] % 16 == 0)
-
-
 def launch_config(N: int, groups: int) -> tuple:
     """CONFIG, its row tile (warps x tiles x 16 rows) halved, tiles first, until it divides a group's rows."""
     warps, mt, pf, min_programs = CONFIG
@@ -90,17 +78,15 @@ def launch_config(N: int, groups: int) -> tuple:
     return warps, mt, pf, min_programs
 
 
-def kernel(nt: int, mt: int, warps: int, pf: bool, f16: bool = False) -> cuda_launch.Kernel:
-    """q8_mma.cu with NT = nt x tiles, MT = mt row tiles per warp, `warps` warps, PF = pf and F16W = f16."""
-    return cuda_launch.Kernel("q8_mma.cu", "q8_mma", (("NT", nt), ("MT", mt), ("WARPS", warps), ("PF", int(pf)),
-                                                      ("F16W", int(f16))))
+def kernel(nt: int, mt: int, warps: int, pf: bool) -> cuda_launch.Kernel:
+    """q8_mma.cu with NT = nt x tiles, MT = mt row tiles per warp, `warps` warps and PF = pf."""
+    return cuda_launch.Kernel("q8_mma.cu", "q8_mma", (("NT", nt), ("MT", mt), ("WARPS", warps), ("PF", int(pf))))
 
 
-def compile_cubin(arch: str, nt: int, mt: int, warps: int, pf: bool, ptxas_verbose: bool = False,
-                  f16: bool = False) -> tuple[bytes, str]:
-    """kernel(nt, mt, warps, pf, f16) for arch ("sm_90") -> (cubin, NVRTC's log; with ptxas_verbose it holds ptxas'
+def compile_cubin(arch: str, nt: int, mt: int, warps: int, pf: bool, ptxas_verbose: bool = False) -> tuple[bytes, str]:
+    """kernel(nt, mt, warps, pf) for arch ("sm_90") -> (cubin, NVRTC's log; with ptxas_verbose it holds ptxas'
     registers / spills line). Raises RuntimeError with the log."""
-    return cuda_launch.compile_cubin(kernel(nt, mt, warps, pf, f16), arch, ptxas_verbose)
+    return cuda_launch.compile_cubin(kernel(nt, mt, warps, pf), arch, ptxas_verbose)
 
 
 def smem_bytes(nt: int, spans: int) -> int:
@@ -131,34 +117,14 @@ def q8_mma_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K
     return launch(x, quants, scales, K, groups, out, config)
 
 
-def f16_mma_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-                   config: tuple | None = None) -> torch.Tensor:
-    """x: float32 [T, K], 1 <= T <= 16; w: float16 [N, K], K a multiple of 256, N of 16 -> [T, N] float32 = x @ w.T
-    (f16_triton.f16_matmul's contract; written into `out` when given), on the tensor cores (F16W). config:
-    F16_CONFIG's form (one tile a warp, no prefetch)."""
-    T, K = x.shape
-    if (x.dtype != torch.float32 or w.dtype != torch.float16 or w.dim() != 2 or w.shape[1] != K or K % SPAN
-            or w.shape[0] % 16 or not 1 <= T <= MAX_T or x.device != w.device):
-        raise ValueError(f"f16_mma_matmul: expected float32 x [1..{MAX_T}, K] and float16 w [N, K] on one device, K a "
-                         f"multiple of {SPAN}, N of 16; got x {x.dtype} {list(x.shape)}, w {w.dtype} {list(w.shape)}")
-    from ds4trt.plugins.kernels import q8_triton
-
-    x, out = q8_triton.rows_and_out("f16_mma_matmul", x, w.shape[0], out)
-    w = w.contiguous()
-    return launch(x, w.view(torch.uint8), w, K, 1, out, config or F16_CONFIG, f16=True)
-
-
 def launch(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, groups: int, out: torch.Tensor,
-           config: tuple | None = None, f16: bool = False) -> torch.Tensor:
+           config: tuple | None = None) -> torch.Tensor:
     """q8_mma_matmul on arguments q8_triton.call_operands has checked and made ready (x [T, G*K] contiguous on a
-    CUDA device at a 16-byte boundary, out [T, N]) -> out. f16: quants is a float16 weight [N, K] seen as bytes
-    (scales unused; K a multiple of 256, config one tile a warp, no prefetch)."""
+    CUDA device at a 16-byte boundary, out [T, N]) -> out."""
     from ds4trt.plugins.kernels import q8_triton
 
-    (T, N), KP = out.shape, (K if f16 else quants.shape[1])
+    (T, N), KP = out.shape, quants.shape[1]
     warps, mt, pf, min_programs = config or launch_config(N, groups)
-    if f16 and (mt != 1 or pf):
-        raise ValueError(f"f16_mma_matmul: a float16 weight takes one row tile a warp and no prefetch, got {config}")
     rows = warps * mt * 16
     if groups > 1 and (N // groups) % rows:
         raise ValueError(f"q8_mma_matmul: rows per group {N // groups} must be a multiple of the row tile {rows}")
@@ -168,7 +134,7 @@ def launch(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: int, 
                          f"{q8_triton.COUNTER_SLOTS} arrival counters")
     part = out if splits == 1 else torch.empty(splits, T, N, dtype=torch.float32, device=x.device)
     nt = 1 if T <= 8 else 2
-    cuda_launch.launch(x.device, kernel(nt, mt, warps, bool(pf), f16), (tiles, splits), warps * 32,
+    cuda_launch.launch(x.device, kernel(nt, mt, warps, bool(pf)), (tiles, splits), warps * 32,
                        smem_bytes(nt, spans), (x, quants, scales, out, part, q8_triton._counters(x.device), T, N,
                                                N // groups, K, KP, spans, splits, (HI_BYTES, ctypes.c_uint)))
     return out
