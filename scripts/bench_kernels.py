@@ -11,7 +11,7 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
-      routing; a long call, timed eagerly), each also with DS4_MOE_MMA=0 (moe_triton alone: no moe_mma);
+      routing; a long call, timed eagerly), each also with DS4_MOE_MMA the other way (moe_mma's kernels or not);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `q8_mma`: the tensor-core kernel q8_mma and
      _q8_rows side by side at T = 1..16, and the layer's sum for each; case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
@@ -319,8 +319,8 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
-        if mix == "q2":            # the same call on moe_triton's kernels alone (DS4_MOE_MMA=0); in the sweep, with
-            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None):   # moe_mma's gate/up and down at other
+        if mix == "q2":            # the same call with DS4_MOE_MMA the other way (moe_mma.DEFAULT_MODE's other); in
+            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None):   # the sweep, moe_mma's kernels at other
                 os.environ["DS4_MOE_MMA"] = mma                               # warps / table form / gate-up pass
                 saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE)
                 MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
@@ -335,7 +335,9 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                     MM.WARPS.update(saved[0])
                     MM.NIB = saved[1]
                     MM.FUSE.update(saved[2])
-            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA=0", results, run_env)
+            other = "0" if MM.DEFAULT_MODE == "1" else "1"
+            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA={other}", results,
+                    lambda run_env=run_env, other=other: run_env(mma=other))
             if sweeps is not None and T >= 512:
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", nib=not MM.NIB))
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))

@@ -173,8 +173,8 @@ def test_gateup_iq2_flash_widths(cap):
                     reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (for the Triton kernels "
                            "beside)")
 @pytest.mark.parametrize("cap", [32, 64])
-def test_moe_forward_long_call_with_moe_mma(monkeypatch, cap):
-    """moe_forward's long q2 call by default (its multi-pair gate/up and down here) against the
+def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
+    """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
     alone on expert 7 (a one-pair item). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the
     CPU stand-in."""
@@ -183,7 +183,7 @@ def test_moe_forward_long_call_with_moe_mma(monkeypatch, cap):
     if not GPU:
         monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)
         monkeypatch.setattr(cuda_launch, "runs_on", lambda device: True)
-    monkeypatch.delenv("DS4_MOE_MMA", raising=False)
+    monkeypatch.setenv("DS4_MOE_MMA", "1")
     calls = []
     for name in ("gateup_iq2", "down_q2k"):
         fn = getattr(moe_mma, name)
@@ -223,8 +223,8 @@ def test_every_launch_compiles_for_sm90_without_spills():
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU, or without cuda-bindings and NVRTC, the Triton
-    kernels stay; and moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, unless
-    DS4_MOE_MMA=0."""
+    kernels stay; and moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, with
+    DS4_MOE_MMA=1 (unset: DEFAULT_MODE)."""
     gpu = torch.device("cuda", 0)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
     for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
@@ -241,7 +241,8 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     monkeypatch.setenv("DS4_MOE_MMA", "0")
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)
     monkeypatch.delenv("DS4_MOE_MMA")
-    assert moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)                # on by default
+    assert moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu) is (moe_mma.DEFAULT_MODE == "1")
+    monkeypatch.setenv("DS4_MOE_MMA", "1")
     monkeypatch.setattr(cuda_launch, "builds", lambda: False)                      # no cuda-bindings / NVRTC
     assert not cuda_launch.runs_on(gpu) and not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)
     assert not cuda_launch.runs_on(torch.device("cpu"))                           # only the tests' stand-in

@@ -13,8 +13,9 @@ subtractions whatever T is (up to 8; 16 with two x tiles), and the weights reach
 (q8_mma.cu's header has the layout). Numerics: the products are exact (q x float16 parts of x / s), summed in float32
 by the tensor cores and the block scales applied in float32: ~1e-6 relative, inside the 1e-5 of the float32 kernels.
 
-q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`): verify steps' wide
-products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows.
+With DS4_Q8_MMA=auto, q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`):
+verify steps' wide products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows. Not yet the
+default (DEFAULT_MODE): its tests have not run on a GPU.
 Built and launched by cuda_launch (NVRTC, the CUDA driver on PyTorch's current stream). Triton is imported only by the
 launching functions (q8_triton's layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is
 installed (the offline check).
@@ -49,12 +50,17 @@ SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, Fals
 
 
 
+# DS4_Q8_MMA when unset: "0" until this kernel's GPU tests (tests/test_q8_mma.py) have passed on a GPU, then "auto"
+# (its first GPU run timed it, BENCHMARKS.md's forty-second session, but its tests did not run there)
+DEFAULT_MODE = "0"
+
+
 def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
     """Whether q8_matmul sends x's rows here: a CUDA tensor on a GPU the kernel runs on (cuda_launch.runs_on),
-    T <= MAX_T, groups of whole 16-row tiles, and T and the weight where it was measured faster than _q8_rows
-    (`faster`). DS4_Q8_MMA=1 takes every such call, DS4_Q8_MMA=0 none."""
-    mode = os.environ.get("DS4_Q8_MMA")
-    return (mode != "0" and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
+    T <= MAX_T, groups of whole 16-row tiles, and DS4_Q8_MMA (else DEFAULT_MODE): "auto", T and the weight where it
+    was measured faster than _q8_rows (`faster`); "1", every such call; "0", none."""
+    mode = os.environ.get("DS4_Q8_MMA", DEFAULT_MODE)
+    return (mode in ("auto", "1") and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
             and cuda_launch.runs_on(x.device) and (mode == "1" or faster(x.shape[0], N, K)))
 
 

@@ -343,7 +343,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     """x: float32 [T, groups*K], 1 <= T <= 16; quants, scales: split_q8 of an [N, K] weight -> [T, N]
     (written into `out` when given), one launch per LAUNCH_T rows of x. config: (rows per program, warps[, min
     programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps).
-    With no config, CUDA calls where the tensor-core kernel is faster go there instead (q8_mma.use_mma)."""
+    With no config, CUDA calls go to the tensor-core kernel instead where q8_mma.use_mma says (DS4_Q8_MMA)."""
     x, quants, scales, out = call_operands("q8_matmul", x, quants, scales, K, groups, out)
     if config is None and q8_mma.use_mma(x, quants.shape[0], K, groups):
         return q8_mma.launch(x, quants, scales, K, groups, out)
