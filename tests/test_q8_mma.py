@@ -187,14 +187,16 @@ def test_q8_matmul_dispatches_where_q8_mma_is_faster(monkeypatch):
 
 @gpu_only
 def test_q8_mma_rejects_bad_arguments():
+    """One-line errors for x of the wrong shape or device, and for a given launch whose row tile does not divide a
+    group's rows (launch_config's own launch shrinks its tile until it does)."""
     N, K = 64, 256
     quants, scales = q8_triton.split_q8(torch.zeros(N, K // 32 * 34, dtype=torch.uint8, device="cuda"), N, K)
     with pytest.raises(ValueError, match=r"expected float32 \[1..16, 256\]"):
         q8_mma.q8_mma_matmul(torch.zeros(17, K, device="cuda"), quants, scales, K)
     with pytest.raises(ValueError, match="one CUDA device"):
         q8_mma.q8_mma_matmul(torch.zeros(1, K), quants, scales, K)
-    with pytest.raises(ValueError, match="multiple of the row tile 128"):
-        q8_mma.q8_mma_matmul(torch.zeros(1, 2 * K, device="cuda"), quants, scales, K, groups=2)
+    with pytest.raises(ValueError, match="rows per group 32 must be a multiple of the row tile 128"):
+        q8_mma.q8_mma_matmul(torch.zeros(1, 2 * K, device="cuda"), quants, scales, K, groups=2, config=(4, 2, False, 1))
 
 
 def test_cuda_kernels_say_what_to_install(monkeypatch):
