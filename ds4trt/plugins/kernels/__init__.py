@@ -5,7 +5,7 @@
     q8_triton.q8_matmul           x @ W.T for Q8_0 W (attention, shared expert, LM head), T = 1..16 rows, on the
                                   weight as q8_triton.split_q8 arranges it once at load
     q8_mma.q8_mma_matmul          the same on the tensor cores (CUDA C++ compiled by NVRTC, mma.sync), T = 1..16;
-                                  q8_matmul's choice where it is faster with DS4_Q8_MMA=auto (q8_mma.faster)
+                                  q8_matmul's choice where it is faster (q8_mma.faster)
     f16_triton.f16_matmul         x @ W.T for an F16 matrix kept as float16 (router, compressors, indexer), T <= 16
     hc_triton.hc_pre_triton       a whole hyper-connection reduction (model/hc.py hc_pre), T = 1..16 rows;
                                   hc_pre_long_triton for prefill chunks

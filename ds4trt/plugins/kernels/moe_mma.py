@@ -18,9 +18,9 @@ integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float3
 
 Measured (`python3 scripts/bench_kernels.py --cases moe_long`, H100, 2026-12-05; a q2 layer's routed experts, ms at
 T = 256 / 512 / 1024 / 2048, 2048 skewed): Triton 4.71 / 4.80 / 5.46 / 9.44, 9.48; here at 4 warps 3.14 / 3.20 / 3.92
-/ 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -. With DS4_MOE_MMA=1, moe_triton.moe_forward sends every long q2
-call here (`use_gateup`, `use_down`); not yet the default (DEFAULT_MODE): tests/test_moe_mma.py has run it on the CPU
-stand-in of tests/cuda_emu, not yet on a GPU.
+/ 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -. So moe_triton.moe_forward sends every long q2 call here
+(`use_gateup`, `use_down`; DS4_MOE_MMA=0 keeps Triton). tests/test_moe_mma.py runs it on the CPU stand-in of
+tests/cuda_emu and on the GPU.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device)
     return down_type == Q2_K and _enabled(parts, D, cap, device)
 
 
-# DS4_MOE_MMA when unset: "0" until the kernels' GPU tests (tests/test_moe_mma.py) have passed on a GPU, then "1"
-# (their first GPU run timed them, BENCHMARKS.md's forty-second session, but their tests did not run there)
-DEFAULT_MODE = "0"
+# DS4_MOE_MMA when unset: on. The kernels' GPU tests (tests/test_moe_mma.py: both kernels against float64 at small
+# shapes and Flash widths, moe_forward's long call) passed on an H100 (BENCHMARKS.md, the forty-second session).
+DEFAULT_MODE = "1"
 
 
 def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:

@@ -24,8 +24,8 @@ synchronization, so a CUDA graph can capture a call:
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
 with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
 expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. The multi-pair items of
-an IQ2_XXS gate/up and of a Q2_K down (one activation part) go to moe_mma's CUDA C++ kernels instead with
-DS4_MOE_MMA=1 (measured faster, not yet GPU-tested: moe_mma.py).
+an IQ2_XXS gate/up and of a Q2_K down (one activation part) go to moe_mma's CUDA C++ kernels instead where they run
+(measured faster: moe_mma.py; DS4_MOE_MMA=0 keeps these).
 
 Kernels 2 and 3 come in two forms. `_single` serves items of one pair (the decode case): IQ2_XXS gate/up as integer
 dot products (_iq2_dp_rows: each run's 8 signed magnitudes as int8 by a byte permute, times the activations stored

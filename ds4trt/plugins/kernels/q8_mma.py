@@ -13,9 +13,8 @@ subtractions whatever T is (up to 8; 16 with two x tiles), and the weights reach
 (q8_mma.cu's header has the layout). Numerics: the products are exact (q x float16 parts of x / s), summed in float32
 by the tensor cores and the block scales applied in float32: ~1e-6 relative, inside the 1e-5 of the float32 kernels.
 
-With DS4_Q8_MMA=auto, q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`):
-verify steps' wide products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows. Not yet the
-default (DEFAULT_MODE): its tests have not run on a GPU.
+q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`; DS4_Q8_MMA=auto, the
+default): verify steps' wide products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows.
 Built and launched by cuda_launch (NVRTC, the CUDA driver on PyTorch's current stream). Triton is imported only by the
 launching functions (q8_triton's layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is
 installed (the offline check).
@@ -50,9 +49,9 @@ SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, Fals
 
 
 
-# DS4_Q8_MMA when unset: "0" until this kernel's GPU tests (tests/test_q8_mma.py) have passed on a GPU, then "auto"
-# (its first GPU run timed it, BENCHMARKS.md's forty-second session, but its tests did not run there)
-DEFAULT_MODE = "0"
+# DS4_Q8_MMA when unset: where it was measured faster. Its GPU tests (tests/test_q8_mma.py: every launch against
+# float64, Flash widths, the graph replay, the dispatch) passed on an H100 (BENCHMARKS.md, the forty-second session).
+DEFAULT_MODE = "auto"
 
 
 def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
