@@ -175,14 +175,14 @@ def test_q8_matmul_dispatches_where_q8_mma_is_faster(monkeypatch):
         quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
         x = torch.randn(T, K, device="cuda")
         mma = q8_mma.q8_mma_matmul(x, quants, scales, K)
-        for mode, want in (("auto", here), ("1", True), ("0", False), (None, q8_mma.DEFAULT_MODE == "1" or
-                                                                      q8_mma.DEFAULT_MODE == "auto" and here)):
+        want = {"auto": here, "1": True, "0": False}
+        for mode in ("auto", "1", "0", None):
             if mode is None:
                 monkeypatch.delenv("DS4_Q8_MMA", raising=False)
             else:
                 monkeypatch.setenv("DS4_Q8_MMA", mode)
             got = torch.equal(q8_triton.q8_matmul(x, quants, scales, K), mma)     # else other summation orders
-            assert got is want, (N, K, T, mode)
+            assert got is want[mode or q8_mma.DEFAULT_MODE], (N, K, T, mode)
 
 
 @gpu_only
@@ -201,7 +201,8 @@ def test_q8_mma_rejects_bad_arguments():
 
 def test_cuda_kernels_say_what_to_install(monkeypatch):
     """Without cuda-bindings, building a CUDA C++ kernel fails with a one-line error naming the packages, not an
-    ImportError from deep inside, and the products keep the Triton kernels (cuda_launch.builds is False)."""
+    ImportError from deep inside, and cuda_launch.builds says so (runs_on, and with it the products' dispatch, then
+    keeps the Triton kernels)."""
     import sys
 
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)

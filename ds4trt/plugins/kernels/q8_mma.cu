@@ -109,6 +109,7 @@ __device__ __forceinline__ void mul_span(float (&acc)[MT][NT][4], const Span& sp
         }
     }
 }
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, const u16* __restrict__ scales,
        float* __restrict__ out, float* __restrict__ part, int* __restrict__ cnt, int T, int N, int rows_per_group,

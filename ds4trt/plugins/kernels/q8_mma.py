@@ -46,9 +46,6 @@ CONFIG = (4, 2, False, 264)
 SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, False, 264), (4, 2, False, 528),
          (4, 2, False, 132), (8, 2, False, 528))
 
-
-
-
 # DS4_Q8_MMA when unset: where it was measured faster. Its GPU tests (tests/test_q8_mma.py: every launch against
 # float64, Flash widths, the graph replay, the dispatch) passed on an H100 (BENCHMARKS.md, the forty-second session).
 DEFAULT_MODE = "auto"
@@ -60,7 +57,7 @@ def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
     was measured faster than _q8_rows (`faster`); "1", every such call; "0", none."""
     mode = os.environ.get("DS4_Q8_MMA", DEFAULT_MODE)
     return (mode in ("auto", "1") and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
-            and cuda_launch.runs_on(x.device) and (mode == "1" or faster(x.shape[0], N, K)))
+            and (mode == "1" or faster(x.shape[0], N, K)) and cuda_launch.runs_on(x.device))
 
 
 def faster(T: int, N: int, K: int) -> bool:

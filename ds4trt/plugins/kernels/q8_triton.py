@@ -382,22 +382,15 @@ def call_operands(what: str, x: torch.Tensor, quants: torch.Tensor, scales: torc
         raise ValueError(f"{what} x: expected float32 [1..16, {groups * K}], got {x.dtype} {list(x.shape)}")
     if quants.device != x.device or scales.device != x.device:
         raise ValueError(f"{what}: x and the weight are on different devices")
-    x, out = rows_and_out(what, x, N, out)
-    return x, quants.contiguous(), scales.contiguous(), out
-
-
-def rows_and_out(what: str, x: torch.Tensor, N: int, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, *] made contiguous at a 16-byte boundary (the kernels read it by 16-byte loads) and out checked as
-    contiguous float32 [T, N] (made when None); `what` names the caller in the error."""
     T = x.shape[0]
-    x = x.contiguous()
+    x, quants, scales = x.contiguous(), quants.contiguous(), scales.contiguous()
     if x.data_ptr() % 16:
         x = x.clone()
     if out is None:
         out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     elif out.shape != (T, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"{what} out: expected contiguous float32 [{T}, {N}], got {out.dtype} {list(out.shape)}")
-    return x, out
+    return x, quants, scales, out
 
 
 def x_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
