@@ -535,6 +535,13 @@ def bench_attend(bw: float, l2: int, results: list, sweeps: list | None) -> None
                         kind="sweep_attend", keys=K, config=list(cfg))))
 
 
+def rotation(T: int, pairs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, pairs] of random angles: the inverse RoPE the prefill attention kernels apply to each output's
+    tail."""
+    ang = torch.rand(T, pairs, device=DEV, generator=gen) * 100
+    return torch.cos(ang), torch.sin(ang)
+
+
 def long_attention_block(ratio: int, a: int = 768, qb: int = 256, start: int = 1024, T: int = 1024,
                          ctx: int = 4096, W: int = 128) -> tuple[int, torch.Tensor]:
     """(K, mask [qb, K]) of model/attention.py's query block a..a+qb-1 of a chunk of T tokens at `start`: the raw
@@ -555,9 +562,9 @@ def long_attention_block(ratio: int, a: int = 768, qb: int = 256, start: int = 1
 
 
 def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
-    """attend_long_triton and model/attention.py attend on one prefill query block per layer kind (see
+    """attend_long_triton and model/attention.py attend_unrotate on one prefill query block per layer kind (see
     long_attention_block); eager medians (do_bench), the keys L2-resident as in a prefill."""
-    from ds4trt.model.attention import attend
+    from ds4trt.model.attention import attend_unrotate
     gen = torch.Generator(device=DEV).manual_seed(7)
     H, d = 64, 512
     for ratio in (0, 4, 128):
@@ -565,10 +572,11 @@ def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
         q = torch.randn(mask.shape[0], H, d, device=DEV, generator=gen)
         k = torch.randn(K, d, device=DEV, generator=gen)
         sinks = torch.randn(H, device=DEV, generator=gen)
+        cos, sin = rotation(mask.shape[0], d // 16, gen)
         nbytes = 2 * q.numel() * 4 + k.numel() * 4 + mask.numel()
         label = f"attend_long ratio {ratio} ({K} keys)"
-        for name, fn in ((label, lambda: A.attend_long_triton(q, k, mask, sinks)),
-                         (f"torch attend ratio {ratio}", lambda: attend(q, k, mask, sinks))):
+        for name, fn in ((label, lambda: A.attend_long_triton(q, k, mask, sinks, cos, sin)),
+                         (f"torch attend ratio {ratio}", lambda: attend_unrotate(q, k, mask, sinks, cos, sin))):
             guarded(name, results, lambda fn=fn, name=name, K=K, ratio=ratio: results.append(case(
                 name, q.shape[0], nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw,
                 kind="attend_long", keys=K, ratio=ratio)))
@@ -576,7 +584,7 @@ def bench_attend_long(bw: float, results: list, sweeps: list | None) -> None:
             for cfg in ATTEND_LONG_SWEEP:
                 sweeps.append(lambda cfg=cfg, q=q, k=k, mask=mask, sinks=sinks, nb=nbytes, K=K, ratio=ratio:
                               results.append(case(f"  sweep config={cfg}", q.shape[0], nb, do_bench(
-                                  lambda: A.attend_long_triton(q, k, mask, sinks, config=cfg), warmup=3, rep=50,
+                                  lambda: A.attend_long_triton(q, k, mask, sinks, cos, sin, cfg), warmup=3, rep=50,
                                   return_mode="median"), bw, kind="sweep_attend_long", keys=K, ratio=ratio,
                                   config=list(cfg))))
 
@@ -592,6 +600,7 @@ def bench_attend_top(bw: float, results: list, sweeps: list | None) -> None:
         raw = torch.randn(W - 1 + T, d, device=DEV, generator=gen)
         comp = torch.randn(n_comp, d, device=DEV, generator=gen)
         sinks = torch.randn(H, device=DEV, generator=gen)
+        cos, sin = rotation(T, d // 16, gen)
         i, j = torch.arange(T, device=DEV)[:, None], torch.arange(W - 1 + T, device=DEV)[None, :]
         raw_mask = (j >= i) & (j < i + W)
         top = torch.rand(T, n_comp, device=DEV, generator=gen).argsort(dim=1)[:, :k]
@@ -600,15 +609,16 @@ def bench_attend_top(bw: float, results: list, sweeps: list | None) -> None:
         keys, mask = torch.cat([raw, comp]), torch.cat([raw_mask, comp_mask], dim=1)
         nbytes = 2 * q.numel() * 4 + (raw.shape[0] + T * k) * d * 4
         for name, fn in ((f"attend_top at {start} ({n_comp} rows)",
-                          lambda: A.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks)),
-                         (f"attend_long masked at {start}", lambda: A.attend_long_triton(q, keys, mask, sinks))):
+                          lambda: A.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin)),
+                         (f"attend_long masked at {start}",
+                          lambda: A.attend_long_triton(q, keys, mask, sinks, cos, sin))):
             guarded(name, results, lambda fn=fn, name=name, start=start: results.append(case(
                 name, T, nbytes, do_bench(fn, warmup=5, rep=100, return_mode="median"), bw, kind="attend_top",
                 keys=n_comp, start=start)))
         if sweeps is not None:
             for cfg in ATTEND_TOP_SWEEP:
-                sweeps.append(lambda cfg=cfg, a=(q, raw, raw_mask, comp, top, top_vis, sinks), nb=nbytes, st=start,
-                              nc=n_comp:
+                sweeps.append(lambda cfg=cfg, a=(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin), nb=nbytes,
+                              st=start, nc=n_comp:
                               results.append(case(f"  sweep config={cfg}", T, nb, do_bench(
                                   lambda: A.attend_top_triton(*a, config=cfg), warmup=3, rep=50,
                                   return_mode="median"), bw, kind="sweep_attend_top", keys=nc, start=st,

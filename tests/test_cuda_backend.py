@@ -403,12 +403,18 @@ def test_rewind_resets_in_place(demo):
 
 
 @kernels
-@pytest.mark.parametrize("numerics", ["float", "ds4"])
-def test_tiny_long_prefill_eager_kernels_match_cpu(numerics):
+@pytest.mark.parametrize("numerics,query_block", [("float", None), ("ds4", None), ("ds4", 20)])
+def test_tiny_long_prefill_eager_kernels_match_cpu(numerics, query_block, monkeypatch):
     """A 44-token prompt in one prefill chunk: the experts run in slices of 16 tokens and the Q8_0 projections
     through the dequantized path (more than 16 rows), the ratio-4 layers attend each query's own top rows
     (attend_top_kernel: positions 16.. need the indexer); with ds4 numerics the indexer's queries are rounded by
-    qat_triton."""
+    qat_triton. With queries in blocks of 20 (model/attention.py QUERY_BLOCK; Flash's chunks take 256), the other
+    layers' attention writes each block's rows into the chunk's output (attend_kernel's `out`: two blocks by
+    attend_long_triton, the last 4 rows by the decode kernel and a copy)."""
+    from ds4trt.model import attention
+
+    if query_block:
+        monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
     target, mtp = tiny_files()
     run = lambda engine: greedy(engine, 6, PROMPT * 2, ctx=128, chunk=PREFILL_CHUNK)  # noqa: E731
     assert run(cuda.open_engine(target, mtp, numerics=numerics, device=DEVICE, graphs=False)) == \

@@ -710,27 +710,35 @@ ATTEND_LONG_CONFIGS = (None, (2, 32, 32, 64, 256, 8, 2), (1, 8, 64, 128, 512, 4,
 
 @pytest.mark.parametrize("shape", ATTEND_LONG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attend_long_vs_float64(shape):
-    """The prefill attention kernel against model/attention.py attend in float64: fresh random queries, keys,
-    sinks; a sliding-window band like the raw keys' plus random visible compressed rows, one row seeing no key
-    (its output: 0), one a single key, a block of keys no row sees (skipped)."""
-    from ds4trt.model.attention import attend
+    """The prefill attention kernel against model/attention.py attend_unrotate in float64: fresh random queries,
+    keys, sinks and rotation angles (the output's last d/8 dims rotated back); a sliding-window band like the raw
+    keys' plus random visible compressed rows, one row seeing no key (its output: 0), one a single key, a block of
+    keys no row sees (skipped). With `out`, the rows of a poisoned larger output are written and no other."""
+    from ds4trt.model.attention import attend_unrotate
 
     H, d, T, K = shape
     g = torch.Generator().manual_seed(_seed("attend_long", *shape))
     q, k = torch.randn(T, H, d, generator=g) * 2, torch.randn(K, d, generator=g)
     sinks = torch.randn(H, generator=g)
+    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
+    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
     i, j = torch.arange(T)[:, None], torch.arange(K)[None, :]
     mask = ((j >= i) & (j < i + K // 4)) | (torch.rand(T, K, generator=g) < 0.3) & (j >= K // 2)
     mask[:, K // 2:K // 2 + 16] = False
     mask[1] = False
     mask[-1] = False
     mask[-1, K - 1] = True
-    want = attend(q.double(), k.double(), mask, sinks.double())
+    want = attend_unrotate(q.double(), k.double(), mask, sinks.double(), cos.double(), sin.double())
+    args = tuple(a.to(DEVICE) for a in (q, k, mask, sinks, cos, sin))
     for config in ATTEND_LONG_CONFIGS:
-        got = attn_triton.attend_long_triton(q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), config)
+        got = attn_triton.attend_long_triton(*args, config)
         assert got.shape == want.shape
         assert _rel(got, want) <= TOL, f"config {config}: relative error {_rel(got, want):.2e}"
         assert float(got[1].abs().max()) == 0.0, f"config {config}: a row that sees no key"
+    whole = torch.full((T + 3, H, d), float("nan"), device=DEVICE)
+    assert attn_triton.attend_long_triton(*args, out=whole[2:T + 2]).data_ptr() == whole[2].data_ptr()
+    assert _rel(whole[2:T + 2], want) <= TOL
+    assert whole[:2].isnan().all() and whole[T + 2:].isnan().all(), "rows outside out written"
 
 
 # (H, d, T, Kr, Kc, k): Flash at a prefill chunk's 48 queries (their window band and 512 top rows of 3000), a
@@ -743,17 +751,20 @@ ATTEND_TOP_CONFIGS = (None, (32, 32, 32, 64, 4, 2), (8, 16, 128, 512, 4, 1))
 
 @pytest.mark.parametrize("shape", ATTEND_TOP_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attend_top_vs_float64(shape):
-    """The prefill attention over each query's own top rows against model/attention.py attend in float64 over the
-    raw keys and comp[top[t]]: fresh random queries, keys, sinks, distinct random top rows per query; a window band
-    of raw keys, top rows invisible at random and a whole block of them for every query (skipped), one query seeing
-    no key (its output: 0), one a single top row."""
-    from ds4trt.model.attention import attend
+    """The prefill attention over each query's own top rows against model/attention.py attend_unrotate in float64
+    over the raw keys and comp[top[t]]: fresh random queries, keys, sinks, rotation angles (the output's last d/8
+    dims rotated back), distinct random top rows per query; a window band of raw keys, top rows invisible at random
+    and a whole block of them for every query (skipped), one query seeing no key (its output: 0), one a single top
+    row."""
+    from ds4trt.model.attention import attend_unrotate
 
     H, d, T, KR, KC, k = shape
     g = torch.Generator().manual_seed(_seed("attend_top", *shape))
     q, raw, comp = torch.randn(T, H, d, generator=g) * 2, torch.randn(KR, d, generator=g), torch.randn(KC, d,
                                                                                                      generator=g)
     sinks = torch.randn(H, generator=g)
+    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
+    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
     i, j = torch.arange(T)[:, None], torch.arange(KR)[None, :]
     raw_mask = (j >= i) & (j < i + KR // 3)
     top = torch.stack([torch.randperm(KC, generator=g)[:k] for _ in range(T)])
@@ -762,9 +773,10 @@ def test_attend_top_vs_float64(shape):
     raw_mask[1], top_vis[1] = False, False
     raw_mask[-1], top_vis[-1] = False, False
     top_vis[-1, k - 1] = True
-    want = torch.cat([attend(q[t:t + 1].double(), torch.cat([raw, comp[top[t]]]).double(),
-                             torch.cat([raw_mask[t], top_vis[t]])[None], sinks.double()) for t in range(T)])
-    args = tuple(a.to(DEVICE) for a in (q, raw, raw_mask, comp, top, top_vis, sinks))
+    want = torch.cat([attend_unrotate(q[t:t + 1].double(), torch.cat([raw, comp[top[t]]]).double(),
+                                      torch.cat([raw_mask[t], top_vis[t]])[None], sinks.double(),
+                                      cos[t:t + 1].double(), sin[t:t + 1].double()) for t in range(T)])
+    args = tuple(a.to(DEVICE) for a in (q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin))
     for config in ATTEND_TOP_CONFIGS:
         got = attn_triton.attend_top_triton(*args, config=config)
         assert got.shape == want.shape

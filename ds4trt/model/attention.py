@@ -58,9 +58,10 @@ def unrotate(o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 
 def attend_unrotate(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
-    """attend, then unrotate -> [t, H, d]"""
-    return unrotate(attend(q, k, mask, sinks), cos, sin)
+                    sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """attend, then unrotate -> [t, H, d], written into `out` when given (a long chunk's rows of a block of queries)"""
+    o = unrotate(attend(q, k, mask, sinks), cos, sin)
+    return o if out is None else out.copy_(o)
 
 
 def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
@@ -204,8 +205,8 @@ class Attention(nn.Module):
         # the projections of the normed input u, in the order forward unpacks them
         self.u_projections = (self.q_a, self.kv) + ((self.compressor.kv, self.compressor.gate) if self.ratio else ()) \
             + ((self.index_compressor.kv, self.index_compressor.gate, self.index_proj) if self.ratio == 4 else ())
-        # a backend may set kernels with the signatures of attend_unrotate, index_score, top_rows, head_norm_rope,
-        # kv_row and project_group (fewer launches for u_projections)
+        # a backend may set kernels with the signatures of attend_unrotate (its `out` included), index_score, top_rows,
+        # head_norm_rope, kv_row and project_group (fewer launches for u_projections)
         self.attend = attend_unrotate
         # and attend_top (q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks,
         # cos, sin -> [T, H, d] unrotated): steps of more than GATHER_T rows with the indexer then attend each query's
@@ -280,19 +281,18 @@ class Attention(nn.Module):
             o = self.attend_top(q, raw_keys, masks[0], *top_keys, self.sinks, cos, sin)            # [T, H, d]
         elif T <= QUERY_BLOCK:
             # keys [K = W-1+T (+ Kc+T or T*k), d]
-            o = self._attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), cos, sin)
+            o = self.attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), self.sinks, cos, sin)
         else:
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
             # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the
-            # whole block, so the values are the same
-            blocks = []
+            # whole block, so the values are the same. Each block writes its rows of o.
+            o = torch.empty_like(q)                                 # [T, H, d]
             for a in range(0, T, QUERY_BLOCK):
                 b = min(a + QUERY_BLOCK, T)
                 spans = [(a, b + W - 1)] + [(0, g.shape[0]) for g in keys[1:]]
                 kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
                 mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
-                blocks.append(self._attend(q[a:b], kb, mb, cos[a:b], sin[a:b]))
-            o = torch.cat(blocks)                                   # [T, H, d]
+                self.attend(q[a:b], kb, mb, self.sinks, cos[a:b], sin[a:b], out=o[a:b])
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
 
     def _emitting(self, start: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,11 +302,6 @@ class Attention(nn.Module):
         R = self.ratio
         new = torch.remainder(R - 1 - start, R) + R * torch.arange(T // R + 1, device=start.device)
         return torch.clamp(new, max=T - 1), new < T
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
-        """q: [t, H, d], k: [K, d], mask: [t, K], cos, sin: [t, n_rot/2] -> [t, H, d], the tails rotated back"""
-        return self.attend(q, k, mask, self.sinks, cos, sin)
 
     def _keep_top(self, top: torch.Tensor, comp: torch.Tensor,
                   comp_vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,22 +22,25 @@ to join grow), so calls of up to SMALL_KEYS keys take those (SMALL_CONFIG); at T
 A first version with one program per (row, block of 16 heads) and tl.dot was 4 programs at T = 1 and took 152 us per
 layer; blocks of 16 heads per key split (float32 tl.dot) were 4x slower than one head per program.
 
-    attend_long_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32) -> o [T, H, d], any T
-        (prefill chunks: the PyTorch version was two float32 GEMMs on the CUDA cores plus ~6 passes over the
-        [T, H, K] logits per block of queries)
+    attend_long_triton(q [T, H, d] f32, k [K, d] f32, mask [T, K] bool, sinks [H] f32, cos, sin [T, n_rot/2],
+                       out=None) -> o [T, H, d], any T
+        model/attention.py attend_unrotate for prefill chunks (the PyTorch version was two float32 GEMMs on the CUDA
+        cores plus ~6 passes over the [T, H, K] logits per block of queries), into `out` when given (a block of
+        queries writes its rows of the chunk's output: no concatenation after the blocks)
 
 One launch, flash-attention style: program (query block, head block, output-dims block) holds the rows
 (t, h) of BT queries x HB heads (the heads of a query share its keys and mask: one shared K=V head) and walks the
 keys in blocks of BN, skipping a block none of its queries sees (a query sees ~W raw keys of the chunk's
 W-1+T and the compressed rows), with the online softmax (running maximum, sum, rescaled accumulator) and the
-sink added at the end. Both products run on the float16 tensor cores as three products of float16 parts
+sink added at the end, the tail rotated back as the output is stored (no PyTorch rotation after it: a concatenation
+and ~10 passes over the tail per block of queries). Both products run on the float16 tensor cores as three products of float16 parts
 (parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
 as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at most tile shapes,
 BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
 loop); each program accumulates DV of the d output dims, so the logits are recomputed d/DV times.
 
-    attend_top_triton(q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks)
-        -> o [T, H, d], any T (prefill chunks of the ratio-4 layers once the indexer runs: the masked attend_long
+    attend_top_triton(q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks,
+                      cos, sin) -> o [T, H, d], any T (prefill chunks of the ratio-4 layers once the indexer runs: the masked attend_long
         reads every compressed row some query of its block keeps, nearly all of a long cache's; ~18 us of prefill
         per position of a 2048-token chunk's start, BENCHMARKS.md, the thirty-fifth session)
 
@@ -206,18 +209,28 @@ def _fold_keys(qh_ptr, ql_ptr, qrow, rm, kh_ptr, kl_ptr, krow, km, vis, dv, mx, 
 
 
 @triton.jit
-def _store_with_sink(o_ptr, s_ptr, h, qrow, rm, dv, mx, total, acc):
-    """The softmax joined with each row's head sink (h [M]): o[qrow, dv] = acc / (total + exp(sink)), rescaled."""
+def _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, t, h, qrow, rm, dv, mx, total, acc, D: tl.constexpr,
+                     NR: tl.constexpr, DV: tl.constexpr):
+    """The softmax joined with each row's head sink (h [M]): o = acc / (total + exp(sink)), rescaled, the pairs (2i,
+    2i+1) of the last NR dims rotated back by the row's query t [M] (cos, sin [T, NR/2]: apply_rope_tail's inverse,
+    as _attend_join), stored at o[qrow, dv] (dv: DV consecutive dims from an even one)."""
     sink = tl.load(s_ptr + h, mask=rm, other=0.0)
     top = tl.maximum(mx, sink)
     w = tl.exp(mx - top)
-    o = acc * (w / (total * w + tl.exp(sink - top)))[:, None]
+    x0, x1 = tl.split(tl.reshape(acc * (w / (total * w + tl.exp(sink - top)))[:, None], [acc.shape[0], DV // 2, 2]))
+    ce = tl.program_id(2) * DV + 2 * tl.arange(0, DV // 2)          # the pairs' first dims
+    p = (ce - (D - NR)) // 2                                         # pair index in the rotated tail
+    pm = rm[:, None] & (ce >= D - NR)[None, :]
+    cs = tl.load(cos_ptr + t.to(tl.int64)[:, None] * (NR // 2) + p[None, :], mask=pm, other=1.0)     # [M, DV/2]
+    sn = tl.load(sin_ptr + t.to(tl.int64)[:, None] * (NR // 2) + p[None, :], mask=pm, other=0.0)
+    o = tl.reshape(tl.join(x0 * cs + x1 * sn, x1 * cs - x0 * sn), [acc.shape[0], DV])
     tl.store(o_ptr + qrow[:, None] + dv[None, :], o, mask=rm[:, None])
 
 
 @triton.jit
-def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, K, H: tl.constexpr, D: tl.constexpr,
-                 BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
+def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, scale, T, K, H: tl.constexpr,
+                 D: tl.constexpr, NR: tl.constexpr, BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr,
+                 DC: tl.constexpr, DV: tl.constexpr):
     """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
     i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.split_parts)."""
     r = tl.arange(0, BT * HB)
@@ -238,38 +251,57 @@ def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, o_ptr, scale, T, 
             mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, tm, kh_ptr, kl_ptr, kk.to(tl.int64) * D, km, vis, dv,
                                         mx, total, acc, scale, D, DC, BT * HB, BN)
         kb += BN
-    _store_with_sink(o_ptr, s_ptr, h, qrow, tm, dv, mx, total, acc)
+    _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, t, h, qrow, tm, dv, mx, total, acc, D, NR, DV)
 
 
-def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
-                       config: tuple[int, ...] | None = None) -> torch.Tensor:
-    """model/attention.py attend for float32 q [T, H, d] (any T; d a power of two, at least 16), keys k [K, d],
-    mask bool [T, K], q and k within float16's range (the model's are RMS-normalized: |x| <= sqrt(d) |weight|).
-    config: LONG_CONFIG's fields, overriding it (sweeps); HB, DC and DV are capped at H and d, and BT raised to give
-    at least 16 rows (tl.dot's minimum)."""
+def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, config: tuple[int, ...] | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """model/attention.py attend_unrotate for float32 q [T, H, d] (any T; d a power of two, at least 16), keys k
+    [K, d], mask bool [T, K], sinks [H], cos, sin [T, n_rot/2] (n_rot <= d), q and k within float16's range (the
+    model's are RMS-normalized: |x| <= sqrt(d) |weight|) -> o [T, H, d], written into `out` when given (float32
+    [T, H, d] contiguous: a prefill chunk's query block writes its rows of the chunk's output). config: LONG_CONFIG's
+    fields, overriding it (sweeps); HB, DC and DV are capped at H and d, and BT raised to give at least 16 rows
+    (tl.dot's minimum)."""
     T, H, D = q.shape
     K = k.shape[0]
-    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or k.dtype != torch.float32 or k.shape != (K, D) \
-            or mask.shape != (T, K) or mask.dtype != torch.bool or sinks.shape != (H,):
-        raise ValueError(f"attend_long_triton: expected float32 q [T, H, d] (d a power of two, at least 16), k [K, d], "
-                         f"bool mask [T, K] and sinks [H], got q {q.dtype} {list(q.shape)}, k {k.dtype} "
-                         f"{list(k.shape)}, mask {mask.dtype} {list(mask.shape)}, sinks {list(sinks.shape)}")
+    _check_long("attend_long_triton", q, sinks, cos, sin, out)
+    if k.dtype != torch.float32 or k.shape != (K, D) or mask.shape != (T, K) or mask.dtype != torch.bool:
+        raise ValueError(f"attend_long_triton: expected float32 k [K, {D}] and bool mask [{T}, K], got k {k.dtype} "
+                         f"{list(k.shape)}, mask {mask.dtype} {list(mask.shape)}")
     bt, hb, bn, dc, dv, warps, stages = config or LONG_CONFIG
     hb = math.gcd(hb, H)
     bt = max(bt, triton.cdiv(16, hb))
     dc, dv = min(dc, D), min(dv, D)
-    o = torch.empty_like(q)
+    o = torch.empty_like(q) if out is None else out
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
     _attend_long[grid](*split_parts(q.contiguous()), *split_parts(k.contiguous()),
-                       mask.contiguous().view(torch.uint8), sinks.float().contiguous(), o, D ** -0.5, T, K, H=H, D=D,
-                       BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps, num_stages=stages)
+                       mask.contiguous().view(torch.uint8), sinks.float().contiguous(),
+                       cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), o, D ** -0.5, T, K,
+                       H=H, D=D, NR=2 * cos.shape[-1], BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps,
+                       num_stages=stages)
     return o
 
 
+def _check_long(name: str, q: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                out: torch.Tensor | None) -> None:
+    """The operands the prefill kernels share: float32 q [T, H, d] (d a power of two, at least 16), sinks [H], cos,
+    sin [T, n_rot/2] with 0 < n_rot <= d, out (if any) float32 [T, H, d] contiguous on q's device."""
+    T, H, D = q.shape
+    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or sinks.shape != (H,) or cos.ndim != 2 \
+            or cos.shape[0] != T or not 0 < 2 * cos.shape[1] <= D or sin.shape != cos.shape \
+            or out is not None and (out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous()
+                                    or out.device != q.device):
+        raise ValueError(f"{name}: expected float32 q [T, H, d] (d a power of two, at least 16), sinks [H], cos and "
+                         f"sin [T, n_rot/2] (n_rot <= d) and a contiguous float32 out like q, got q {q.dtype} "
+                         f"{list(q.shape)}, sinks {list(sinks.shape)}, cos {list(cos.shape)}, sin {list(sin.shape)}"
+                         + ("" if out is None else f", out {out.dtype} {list(out.shape)}"))
+
+
 @triton.jit
-def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, tv_ptr, s_ptr, o_ptr, scale, KR,
-                H: tl.constexpr, D: tl.constexpr, NT: tl.constexpr, HB: tl.constexpr, M: tl.constexpr,
-                BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
+def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, tv_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr,
+                scale, KR, H: tl.constexpr, D: tl.constexpr, NR: tl.constexpr, NT: tl.constexpr, HB: tl.constexpr,
+                M: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
     """Program (t, j, v): query t, heads j*HB.. (rows of the tiles past HB are padding for tl.dot's 16), output dims
     v*DV..: the raw keys rh + rl [KR, d] in blocks of BN (those the query's mask row does not see skipped), then
     its own NT top compressed rows, gathered from ch + cl by index (those top_vis marks invisible left out)."""
@@ -299,30 +331,30 @@ def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, 
             row = tl.load(top_ptr + t * NT + jj, mask=jm & vis, other=0)                       # [BN] int64
             mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, rm, ch_ptr, cl_ptr, row * D, jm & vis, vis[None, :],
                                         dv, mx, total, acc, scale, D, DC, M, BN)
-    _store_with_sink(o_ptr, s_ptr, h, qrow, rm, dv, mx, total, acc)
+    _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, tl.full([M], t, tl.int32), h, qrow, rm, dv, mx, total, acc, D,
+                     NR, DV)
 
 
 def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor, comp: torch.Tensor,
-                      top: torch.Tensor, top_vis: torch.Tensor, sinks: torch.Tensor,
-                      config: tuple[int, ...] | None = None) -> torch.Tensor:
-    """model/attention.py attend for float32 q [T, H, d] (any T; d a power of two, at least 16) over each query's
-    raw keys (raw [Kr, d], bool raw_mask [T, Kr]) and its own top compressed rows comp[top[t]] (comp [Kc, d],
+                      top: torch.Tensor, top_vis: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """model/attention.py attend_unrotate for float32 q [T, H, d] (any T; d a power of two, at least 16) over each
+    query's raw keys (raw [Kr, d], bool raw_mask [T, Kr]) and its own top compressed rows comp[top[t]] (comp [Kc, d],
     top [T, k] int64, bool top_vis [T, k]: which of them it sees; the rows of top[t] distinct), all within float16's
-    range -> o [T, H, d]. What the masked attention over the raw keys and the whole of comp gives with comp's mask
-    restricted to each query's top rows (Attention._keep_top), without reading the rows no query keeps.
-    config: TOP_CONFIG's fields, overriding it (sweeps); HB, DC and DV are capped at H and d."""
+    range, the output's tail rotated back by cos, sin [T, n_rot/2] -> o [T, H, d]. What the masked attention over
+    the raw keys and the whole of comp gives with comp's mask restricted to each query's top rows
+    (Attention._keep_top), without reading the rows no query keeps. config: TOP_CONFIG's fields, overriding it
+    (sweeps); HB, DC and DV are capped at H and d."""
     T, H, D = q.shape
     KR, KC, NT = raw.shape[0], comp.shape[0], top.shape[1]
-    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or raw.dtype != torch.float32 \
-            or comp.dtype != torch.float32 or raw.shape != (KR, D) or comp.shape != (KC, D) \
+    _check_long("attend_top_triton", q, sinks, cos, sin, None)
+    if raw.dtype != torch.float32 or comp.dtype != torch.float32 or raw.shape != (KR, D) or comp.shape != (KC, D) \
             or raw_mask.shape != (T, KR) or raw_mask.dtype != torch.bool or top.shape != (T, NT) \
-            or top.dtype != torch.int64 or top_vis.shape != (T, NT) or top_vis.dtype != torch.bool \
-            or sinks.shape != (H,):
-        raise ValueError(f"attend_top_triton: expected float32 q [T, H, d] (d a power of two, at least 16), raw "
-                         f"[Kr, d], comp [Kc, d], bool raw_mask [T, Kr], int64 top and bool top_vis [T, k], sinks "
-                         f"[H], got q {q.dtype} {list(q.shape)}, raw {raw.dtype} {list(raw.shape)}, comp {comp.dtype} "
-                         f"{list(comp.shape)}, raw_mask {raw_mask.dtype} {list(raw_mask.shape)}, top {top.dtype} "
-                         f"{list(top.shape)}, top_vis {top_vis.dtype} {list(top_vis.shape)}, sinks {list(sinks.shape)}")
+            or top.dtype != torch.int64 or top_vis.shape != (T, NT) or top_vis.dtype != torch.bool:
+        raise ValueError(f"attend_top_triton: expected float32 raw [Kr, {D}], comp [Kc, {D}], bool raw_mask [{T}, Kr], "
+                         f"int64 top and bool top_vis [{T}, k], got raw {raw.dtype} {list(raw.shape)}, comp "
+                         f"{comp.dtype} {list(comp.shape)}, raw_mask {raw_mask.dtype} {list(raw_mask.shape)}, top "
+                         f"{top.dtype} {list(top.shape)}, top_vis {top_vis.dtype} {list(top_vis.shape)}")
     hb, bn, dc, dv, warps, stages = config or TOP_CONFIG
     hb = math.gcd(hb, H)
     dc, dv = min(dc, D), min(dv, D)
@@ -330,7 +362,8 @@ def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor
     grid = (T, H // hb, D // dv)
     _attend_top[grid](*split_parts(q.contiguous()), *split_parts(raw.contiguous()),
                       raw_mask.contiguous().view(torch.uint8), *split_parts(comp.contiguous()),
-                      top.contiguous(), top_vis.contiguous().view(torch.uint8), sinks.float().contiguous(), o,
-                      D ** -0.5, KR, H=H, D=D, NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
+                      top.contiguous(), top_vis.contiguous().view(torch.uint8), sinks.float().contiguous(),
+                      cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), o, D ** -0.5, KR, H=H,
+                      D=D, NR=2 * cos.shape[-1], NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
                       num_stages=stages)
     return o

@@ -46,7 +46,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows, unrotate
+from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route, swiglu
@@ -143,19 +143,20 @@ def _(q, k, mask, sinks, cos, sin):
     return torch.empty_like(q)
 
 
-def attend_kernel(q, k, mask, sinks, cos, sin):
+def attend_kernel(q, k, mask, sinks, cos, sin, out=None):
     """model/attention.py attend_unrotate on this backend: two kernels for steps of up to attn_triton.MAX_T queries
-    (split over the keys, the rotation in the join), else the flash-attention kernel and PyTorch's rotation (prefill
-    chunks)."""
+    (split over the keys, the rotation in the join), else the flash-attention kernel, which rotates as it stores
+    into `out` (a prefill chunk's block of queries)."""
     if q.shape[0] <= attn_triton.MAX_T:
-        return attend_op(q, k, mask, sinks, cos, sin)
-    return unrotate(attn_triton.attend_long_triton(q, k, mask, sinks), cos, sin)
+        o = attend_op(q, k, mask, sinks, cos, sin)
+        return o if out is None else out.copy_(o)
+    return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin, out=out)
 
 
 def attend_top_kernel(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin):
     """model/attention.py's attend_top hook on this backend (prefill chunks of the indexer's layers): one kernel
-    reading each query's window and own top rows, then PyTorch's rotation."""
-    return unrotate(attn_triton.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks), cos, sin)
+    reading each query's window and own top rows, rotating as it stores."""
+    return attn_triton.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
