@@ -495,6 +495,13 @@ def test_hc_pre_vs_float64(D):
             assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
 
+def _output_rotation(g: torch.Generator, T: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos, sin [T, d / 16] of random angles: the inverse RoPE the attention kernels apply to the last d / 8
+    dims of each output (Flash: 64 of 512)."""
+    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
 # (H, d, K): Flash (64 heads of 512, a window of 128 + 1 raw keys and 64 + 1 compressed ones: a partial last split),
 # a tiny model's 4 heads of 64
 ATTEND_SHAPES = [(64, 512, 194), (4, 64, 37)] if GPU else [(16, 512, 40), (4, 64, 37)]
@@ -516,8 +523,7 @@ def test_attend_vs_float64(shape):
         mask[0, :32] = False
         mask[-1] = False
         mask[-1, K // 2] = True
-        ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
-        cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+        cos, sin = _output_rotation(g, T, d)
         want = attend_unrotate(q.double(), k.double(), mask, sinks.double(), cos.double(), sin.double())
         # the default (for these few keys: SMALL_CONFIG), the one of longer calls, other chunks of keys per program
         for config in (None, attn_triton.CONFIG, (32, 1, 8), (32, 3, 8), (16, 2, 4)):
@@ -720,8 +726,7 @@ def test_attend_long_vs_float64(shape):
     g = torch.Generator().manual_seed(_seed("attend_long", *shape))
     q, k = torch.randn(T, H, d, generator=g) * 2, torch.randn(K, d, generator=g)
     sinks = torch.randn(H, generator=g)
-    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
-    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+    cos, sin = _output_rotation(g, T, d)
     i, j = torch.arange(T)[:, None], torch.arange(K)[None, :]
     mask = ((j >= i) & (j < i + K // 4)) | (torch.rand(T, K, generator=g) < 0.3) & (j >= K // 2)
     mask[:, K // 2:K // 2 + 16] = False
@@ -763,8 +768,7 @@ def test_attend_top_vs_float64(shape):
     q, raw, comp = torch.randn(T, H, d, generator=g) * 2, torch.randn(KR, d, generator=g), torch.randn(KC, d,
                                                                                                      generator=g)
     sinks = torch.randn(H, generator=g)
-    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
-    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+    cos, sin = _output_rotation(g, T, d)
     i, j = torch.arange(T)[:, None], torch.arange(KR)[None, :]
     raw_mask = (j >= i) & (j < i + KR // 3)
     top = torch.stack([torch.randperm(KC, generator=g)[:k] for _ in range(T)])
