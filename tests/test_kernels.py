@@ -495,10 +495,10 @@ def test_hc_pre_vs_float64(D):
             assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
 
-def _output_rotation(g: torch.Generator, T: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos, sin [T, d / 16] of random angles: the inverse RoPE the attention kernels apply to the last d / 8
-    dims of each output (Flash: 64 of 512)."""
-    ang = torch.rand(T, d // 16, generator=g, dtype=torch.float64) * 100
+def _output_rotation(g: torch.Generator, T: int, d: int, n_rot: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos, sin [T, n_rot / 2] of random angles: the inverse RoPE the attention kernels apply to the last
+    n_rot dims of each output (default d / 8, Flash's 64 of 512)."""
+    ang = torch.rand(T, (n_rot or d // 8) // 2, generator=g, dtype=torch.float64) * 100
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
@@ -710,14 +710,16 @@ def test_hc_post_vs_float64(D):
 # tiny model's 4 heads of 64
 ATTEND_LONG_SHAPES = [(64, 512, 256, 700), (4, 64, 37, 90)] if GPU else [(16, 128, 7, 70), (4, 64, 9, 37)]
 # LONG_CONFIG, and others: two queries a program (a partial last query block when T is odd), half the heads,
-# more keys a block, one dot over all d and one output block
-ATTEND_LONG_CONFIGS = (None, (2, 32, 32, 64, 256, 8, 2), (1, 8, 64, 128, 512, 4, 1), (4, 16, 16, 32, 64, 4, 2))
+# more keys a block, one dot over all d and one output block, output blocks of 16 dims (the rotated tail, d / 4 in
+# this test, spans several)
+ATTEND_LONG_CONFIGS = (None, (2, 32, 32, 64, 256, 8, 2), (1, 8, 64, 128, 512, 4, 1), (4, 16, 16, 32, 64, 4, 2),
+                       (2, 16, 32, 32, 16, 4, 1))
 
 
 @pytest.mark.parametrize("shape", ATTEND_LONG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attend_long_vs_float64(shape):
     """The prefill attention kernel against model/attention.py attend_unrotate in float64: fresh random queries,
-    keys, sinks and rotation angles (the output's last d/8 dims rotated back); a sliding-window band like the raw
+    keys, sinks and rotation angles (the output's last d/4 dims rotated back); a sliding-window band like the raw
     keys' plus random visible compressed rows, one row seeing no key (its output: 0), one a single key, a block of
     keys no row sees (skipped). With `out`, the rows of a poisoned larger output are written and no other."""
     from ds4trt.model.attention import attend_unrotate
@@ -726,7 +728,7 @@ def test_attend_long_vs_float64(shape):
     g = torch.Generator().manual_seed(_seed("attend_long", *shape))
     q, k = torch.randn(T, H, d, generator=g) * 2, torch.randn(K, d, generator=g)
     sinks = torch.randn(H, generator=g)
-    cos, sin = _output_rotation(g, T, d)
+    cos, sin = _output_rotation(g, T, d, d // 4)
     i, j = torch.arange(T)[:, None], torch.arange(K)[None, :]
     mask = ((j >= i) & (j < i + K // 4)) | (torch.rand(T, K, generator=g) < 0.3) & (j >= K // 2)
     mask[:, K // 2:K // 2 + 16] = False

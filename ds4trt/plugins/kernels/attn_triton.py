@@ -134,7 +134,8 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, H: tl.c
     total = tl.exp(sink - top) + tl.sum(l * w, axis=0)
     x0, x1 = tl.split(tl.reshape(tl.sum(acc * w[:, None], axis=0) / total, [DB // 2, 2]))      # [DB/2] each
     ce = tl.program_id(2) * DB + 2 * tl.arange(0, DB // 2)          # the pairs' first dims
-    o = tl.reshape(_rotate_back(x0, x1, cos_ptr, sin_ptr, t, ce, ce < D, D, NR), [DB])
+    y0, y1 = _rotate_back(x0, x1, cos_ptr, sin_ptr, t, ce, ce < D, D, NR)
+    o = tl.reshape(tl.join(y0, y1), [DB])
     tl.store(o_ptr + (t * H + h) * D + c, o, mask=c < D)
 
 
@@ -142,12 +143,12 @@ def _attend_join(pm_ptr, pl_ptr, pa_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, H: tl.c
 def _rotate_back(x0, x1, cos_ptr, sin_ptr, row, ce, ok, D: tl.constexpr, NR: tl.constexpr):
     """The pairs (x0, x1) whose first dims are ce, of query rows `row` (cos, sin [T, NR/2]), with the pairs of the last
     NR dims rotated back by the row's RoPE (apply_rope_tail's inverse; other pairs, and those where ok is False, by
-    angle 0) -> the pairs interleaved again, [..., 2] (row, ce and ok broadcast together)."""
+    angle 0) -> (first, second) of the rotated pairs (row, ce and ok broadcast together)."""
     p = (ce - (D - NR)) // 2                                         # pair index in the rotated tail
     pm = ok & (ce >= D - NR)
     cs = tl.load(cos_ptr + row * (NR // 2) + p, mask=pm, other=1.0)
     sn = tl.load(sin_ptr + row * (NR // 2) + p, mask=pm, other=0.0)
-    return tl.join(x0 * cs + x1 * sn, x1 * cs - x0 * sn)
+    return x0 * cs + x1 * sn, x1 * cs - x0 * sn
 
 
 def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
@@ -219,15 +220,26 @@ def _fold_keys(qh_ptr, ql_ptr, qrow, rm, kh_ptr, kl_ptr, krow, km, vis, dv, mx, 
 @triton.jit
 def _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, t, h, qrow, rm, dv, mx, total, acc, D: tl.constexpr,
                      NR: tl.constexpr, DV: tl.constexpr):
-    """The softmax joined with each row's head sink (h [M]): o = acc / (total + exp(sink)), rescaled, the tail rotated
-    back by the row's query t [M] (_rotate_back), stored at o[qrow, dv] (dv: DV consecutive dims from an even one)."""
+    """The softmax joined with each row's head sink (h [M]): o = acc / (total + exp(sink)), rescaled, stored at o[qrow,
+    dv] (dv: DV consecutive dims from a multiple of DV); then, in the program whose dims reach the last NR, those pairs
+    read back and rotated back by the row's query t [M] (_rotate_back). Rotating the [M, DV] tile in registers took
+    its pairs apart for every dim and spilled ~50 registers (sm_90); the tail is NR of the d dims."""
     sink = tl.load(s_ptr + h, mask=rm, other=0.0)
     top = tl.maximum(mx, sink)
     w = tl.exp(mx - top)
-    x0, x1 = tl.split(tl.reshape(acc * (w / (total * w + tl.exp(sink - top)))[:, None], [acc.shape[0], DV // 2, 2]))
-    ce = tl.program_id(2) * DV + 2 * tl.arange(0, DV // 2)          # the pairs' first dims
-    o = _rotate_back(x0, x1, cos_ptr, sin_ptr, t.to(tl.int64)[:, None], ce[None, :], rm[:, None], D, NR)
-    tl.store(o_ptr + qrow[:, None] + dv[None, :], tl.reshape(o, [acc.shape[0], DV]), mask=rm[:, None])
+    tl.store(o_ptr + qrow[:, None] + dv[None, :], acc * (w / (total * w + tl.exp(sink - top)))[:, None],
+             mask=rm[:, None])
+    lo = tl.program_id(2) * DV
+    if lo + DV > D - NR:
+        tl.debug_barrier()                          # the tile's stores visible to all of the program's threads
+        ce = D - NR + 2 * tl.arange(0, NR // 2)     # the tail pairs' first dims
+        pm = rm[:, None] & ((ce >= lo) & (ce < lo + DV))[None, :]
+        at = o_ptr + qrow[:, None] + ce[None, :]                                                    # [M, NR/2]
+        x0 = tl.load(at, mask=pm, other=0.0)
+        x1 = tl.load(at + 1, mask=pm, other=0.0)
+        y0, y1 = _rotate_back(x0, x1, cos_ptr, sin_ptr, t.to(tl.int64)[:, None], ce[None, :], pm, D, NR)
+        tl.store(at, y0, mask=pm)
+        tl.store(at + 1, y1, mask=pm)
 
 
 @triton.jit
