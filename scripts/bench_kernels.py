@@ -138,17 +138,24 @@ F16_SWEEP = ((1, 2048), (1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 
 ATTEND_KEYS = (129, 229, 640, 1153, 2177, 8321)
 # (keys per chunk, chunks per program, warps) of _attend_part; the default is attn_triton.CONFIG
 ATTEND_SWEEP = ((32, 1, 8), (8, 4, 2), (8, 8, 1), (4, 8, 1), (4, 4, 1), (4, 16, 1), (8, 2, 1))
-# (BT, HB, BN, DC, DV, warps, stages) of _attend_long; the default is attn_triton.LONG_CONFIG
-ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3), (1, 64, 64, 64, 128, 4, 3), (2, 64, 64, 64, 128, 8, 3),
-                     (2, 64, 64, 64, 256, 8, 3), (1, 64, 128, 64, 128, 4, 3), (1, 64, 128, 32, 128, 4, 3),
-                     (1, 64, 128, 64, 256, 8, 3), (4, 16, 32, 64, 256, 4, 3), (4, 16, 64, 64, 256, 4, 3),
-                     (1, 64, 32, 64, 256, 4, 4), (2, 64, 32, 64, 128, 8, 3), (1, 64, 32, 32, 128, 4, 2))
-# (HB, BN, DC, DV, warps, stages) of _attend_top; the default is attn_triton.TOP_CONFIG
+# (BT, HB, BN, DC, DV, warps, stages, parts) of _attend_long; the default is attn_triton.LONG_CONFIG. With one
+# float16 part (~3e-4 relative, tests/test_kernels.py): a third of the tensor-core products, and at DV = d the logits
+# made once per query instead of twice (no spills on sm_90, scripts/sass_report.py --long --attend-config)
+ATTEND_LONG_SWEEP = ((1, 64, 64, 64, 256, 4, 3, 2), (1, 64, 64, 64, 128, 4, 3, 2), (2, 64, 64, 64, 128, 8, 3, 2),
+                     (1, 64, 128, 64, 128, 4, 3, 2), (1, 64, 128, 32, 128, 4, 3, 2), (1, 64, 128, 64, 256, 8, 3, 2),
+                     (4, 16, 32, 64, 256, 4, 3, 2), (4, 16, 64, 64, 256, 4, 3, 2), (1, 64, 32, 64, 256, 4, 4, 2),
+                     (2, 64, 32, 64, 128, 8, 3, 2), (1, 64, 32, 32, 128, 4, 2, 2),
+                     (2, 64, 64, 64, 256, 8, 3, 1), (1, 64, 64, 64, 256, 8, 3, 1), (1, 64, 64, 64, 512, 8, 2, 1),
+                     (1, 64, 32, 64, 512, 8, 2, 1), (1, 64, 32, 64, 512, 8, 3, 1), (1, 64, 32, 32, 512, 8, 2, 1),
+                     (1, 64, 64, 128, 512, 8, 2, 1))
+# (HB, BN, DC, DV, warps, stages, parts) of _attend_top; the default is attn_triton.TOP_CONFIG
 # (32, ..., 256, 8, 3): half the heads and twice the output dims of TOP_CONFIG, so the logits of a key block are made
 # twice per query instead of four times (~40 % fewer tensor-core products); no spills on sm_90 (scripts/sass_report.py)
-ATTEND_TOP_SWEEP = ((64, 64, 32, 256, 8, 3), (64, 64, 32, 128, 4, 3), (64, 64, 64, 128, 4, 4),
-                    (64, 64, 64, 64, 4, 3), (64, 64, 64, 128, 4, 2), (32, 64, 64, 128, 4, 3), (32, 64, 64, 256, 8, 3),
-                    (32, 64, 32, 256, 8, 3))
+ATTEND_TOP_SWEEP = ((64, 64, 32, 256, 8, 3, 2), (64, 64, 32, 128, 4, 3, 2), (64, 64, 64, 128, 4, 4, 2),
+                    (64, 64, 64, 64, 4, 3, 2), (64, 64, 64, 128, 4, 2, 2), (32, 64, 64, 128, 4, 3, 2),
+                    (32, 64, 64, 256, 8, 3, 2), (32, 64, 32, 256, 8, 3, 2),
+                    (64, 64, 64, 256, 8, 3, 1), (64, 64, 32, 256, 8, 3, 1), (64, 32, 64, 256, 8, 3, 1),
+                    (64, 32, 64, 512, 8, 2, 1))
 TOP_STARTS = (4096, 16384, 65536)      # the chunk positions of attend_top's block
 # (keys BN, queries TB, warps) of _index_score_long; the default is index_triton.LONG_CONFIG
 INDEX_LONG_SWEEP = ((128, 16, 4), (128, 16, 8), (32, 16, 4), (64, 32, 4), (64, 8, 4), (128, 32, 8))

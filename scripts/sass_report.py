@@ -3,7 +3,8 @@
 
     python3 scripts/sass_report.py [--moe BR:WARPS:PREFETCH ...] [--q8 BR:WARPS ...] [--q8-t T ...]
                                    [--topk-warps W ...] [--long [--long-config C ...]]
-                                   [--top-config HB:BN:DC:DV:WARPS:STAGES ...] [--q8-mma NT:MT:WARPS:PF ...]
+                                   [--attend-config BT:HB:BN:DC:DV:WARPS:STAGES:PARTS ...]
+                                   [--top-config HB:BN:DC:DV:WARPS:STAGES:PARTS ...] [--q8-mma NT:MT:WARPS:PF ...]
                                    [--moe-mma NT:WARPS ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
@@ -11,8 +12,9 @@ kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, o
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
-_attend_long at LONG_CONFIG and _attend_top at TOP_CONFIG or the --top-config launches; the tensor-core Q8_0 kernel
-q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches: its "loop" is one span of 256 values
+_attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at TOP_CONFIG or the --top-config
+launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches:
+its "loop" is one span of 256 values
 of each of the warp's rows, its shared memory that of MAX_SPANS spans; with --long also the long calls' tensor-core
 MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches: gate/up's "loop" is half a block (128 values)
 of a warp's 16 rows of one matrix, or of both when fused; down's a half block of the main term), and prints registers
@@ -57,7 +59,10 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="also the multi-pair MoE kernels (prefill) at LONG_CONFIGS")
     ap.add_argument("--long-config", nargs="*", type=q8_shape, default=None, metavar="CAP:ROWS:WARPS:STAGES:PARTS",
                     help="with --long: these launches of the multi-pair kernels instead of LONG_CONFIGS")
-    ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES",
+    ap.add_argument("--attend-config", nargs="*", type=q8_shape, default=None,
+                    metavar="BT:HB:BN:DC:DV:WARPS:STAGES:PARTS",
+                    help="with --long: these launches of _attend_long instead of attn_triton.LONG_CONFIG")
+    ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES:PARTS",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
     ap.add_argument("--moe-mma", nargs="*", type=q8_shape, default=None,
                     metavar="NT:WARPS[:NIB[:FUSE]]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = "
@@ -118,7 +123,8 @@ def main() -> int:
                                                           if name == "moe_gateup_iq2" else "")
                 rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt, nib),
                                                      innermost_mma=True, function=name)))
-        report("attend_long", W.attend_long(A.LONG_CONFIG))
+        for config in args.attend_config or [A.LONG_CONFIG]:
+            report("attend_long_" + "x".join(map(str, config)), W.attend_long(config))
         for config in args.top_config or [A.TOP_CONFIG]:
             report("attend_top_" + "x".join(map(str, config)), W.attend_top(config))
     for T in args.q8_t:

@@ -167,19 +167,20 @@ def attend_join(K: int, ks: int, ch: int, H: int = 64, D: int = 512, NR: int = 6
 
 
 def attend_long(config: tuple[int, ...], H: int = 64, D: int = 512):
-    """_attend_long at a LONG_CONFIG-style config (BT, HB, BN, DC, DV, warps, stages); the prefill kernel has no PDL."""
-    bt, hb, bn, dc, dv, warps, stages = config
+    """_attend_long at a LONG_CONFIG-style config (BT, HB, BN, DC, DV, warps, stages, parts); the prefill kernel has no
+    PDL."""
+    bt, hb, bn, dc, dv, warps, stages, parts = config
     return attn_triton._attend_long.warmup(F16, F16, F16, F16, U8, F32, F32, F32, F32, 0.04, 256, 2048, H=H, D=D,
-                                           NR=D // 8, BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps,
-                                           num_stages=stages, grid=(1,))
+                                           NR=D // 8, BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, PARTS=parts,
+                                           num_warps=warps, num_stages=stages, grid=(1,))
 
 
 def attend_top(config: tuple[int, ...], H: int = 64, D: int = 512, k: int = 512):
-    """_attend_top at a TOP_CONFIG-style config (HB, BN, DC, DV, warps, stages) and k top rows; no PDL."""
-    hb, bn, dc, dv, warps, stages = config
+    """_attend_top at a TOP_CONFIG-style config (HB, BN, DC, DV, warps, stages, parts) and k top rows; no PDL."""
+    hb, bn, dc, dv, warps, stages, parts = config
     return attn_triton._attend_top.warmup(F16, F16, F16, F16, U8, F16, F16, I64, U8, F32, F32, F32, F32, 0.04, 2175,
                                           H=H, D=D, NR=D // 8, NT=k, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv,
-                                          num_warps=warps, num_stages=stages, grid=(1,))
+                                          PARTS=parts, num_warps=warps, num_stages=stages, grid=(1,))
 
 
 def hc_dots(S: int, D: int):

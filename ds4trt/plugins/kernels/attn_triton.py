@@ -33,16 +33,20 @@ One launch, flash-attention style: program (query block, head block, output-dims
 keys in blocks of BN, skipping a block none of its queries sees (a query sees ~W raw keys of the chunk's
 W-1+T and the compressed rows), with the online softmax (running maximum, sum, rescaled accumulator) and the
 sink added at the end, the tail rotated back as the output is stored (no PyTorch rotation after it: a concatenation
-and ~10 passes over the tail per block of queries). Both products run on the float16 tensor cores as three products of float16 parts
-(parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation): ~2e-7 relative against float64,
-as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled registers at most tile shapes,
-BENCHMARKS.md). The logits are summed over d in chunks of DC (no [rows, d] query tile held across the
-loop); each program accumulates DV of the d output dims, so the logits are recomputed d/DV times.
+and ~10 passes over the tail per block of queries). Both products run on the float16 tensor cores, with parts 2 as
+three products of float16 parts (parts.py: a = hi + lo to ~2^-22; hi*hi + lo*hi + hi*lo, float32 accumulation):
+~2e-7 relative against float64, as float32 FMA (Triton's "tf32x3" on the float32 operands was as exact but spilled
+registers at most tile shapes, BENCHMARKS.md); with parts 1 as one product of the operands rounded to float16 (q, and
+p before the second product; the raw keys are float16 values already, ds4 rounds them): ~3e-4 relative, a third
+of the tensor-core work and fewer registers (room for DV = d: the logits made once). The logits are summed over d
+in chunks of DC (no [rows, d] query tile held across the loop); each program accumulates DV of the d output dims,
+so the logits are recomputed d/DV times.
 
     attend_top_triton(q [T, H, d], raw [Kr, d], raw_mask [T, Kr], comp [Kc, d], top [T, k], top_vis [T, k], sinks,
-                      cos, sin) -> o [T, H, d], any T (prefill chunks of the ratio-4 layers once the indexer runs: the masked attend_long
-        reads every compressed row some query of its block keeps, nearly all of a long cache's; ~18 us of prefill
-        per position of a 2048-token chunk's start, BENCHMARKS.md, the thirty-fifth session)
+                      cos, sin) -> o [T, H, d], any T (prefill chunks of the ratio-4 layers once the indexer runs:
+        the masked attend_long reads every compressed row some query of its block keeps, nearly all of a long
+        cache's; ~18 us of prefill per position of a 2048-token chunk's start, BENCHMARKS.md, the thirty-fifth
+        session)
 
 One query per program with all HB heads of it (its tile rows): the raw keys in blocks of BN as in _attend_long
 (blocks outside the query's window skipped), then the query's own k top rows gathered by index, in blocks of BN:
@@ -66,13 +70,14 @@ CONFIG = (8, 4, 1)    # (keys per chunk KS, chunks per program CH, warps) of _at
 SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window layers: 129, a decode step's gathered
 # indexer rows: 641): in the third sweep 3-11 % faster than CONFIG there, much slower at 8321 (more partials to join)
 DB = 128         # output dims per program of _attend_join
-# (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_long
-LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
+# (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages, float16 parts of
+# each operand) of _attend_long
+LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3, 2)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
 # at (1, 64, 32, 64, 256, 4, 3) for a ratio-4 / window / ratio-128 block of 256 queries (BENCHMARKS.md)
-# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages) of _attend_top: the fastest
+# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages, parts) of _attend_top: the fastest
 # of bench_kernels' first sweep on the H200 (a 256-query block at 4096 / 16384 / 65536: 476 / 505 / 632 us; at 8
 # warps 1.1-3.4 ms), without register spills at Flash width (scripts/sass_report.py --long --top-config)
-TOP_CONFIG = (64, 64, 64, 128, 4, 3)
+TOP_CONFIG = (64, 64, 64, 128, 4, 3, 2)
 
 
 @triton.jit
@@ -187,19 +192,23 @@ def attend_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: t
 
 @triton.jit
 def _fold_keys(qh_ptr, ql_ptr, qrow, rm, kh_ptr, kl_ptr, krow, km, vis, dv, mx, total, acc, scale, D: tl.constexpr,
-               DC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+               DC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr, PARTS: tl.constexpr):
     """One block of BN keys (rows krow [BN] of kh + kl, km [BN] in range, vis [M or 1, BN] visible) folded into the
-    online softmax (mx, total [M], acc [M, DV]) of the M query rows qrow [M] (rm [M] in range) -> (mx, total, acc)."""
+    online softmax (mx, total [M], acc [M, DV]) of the M query rows qrow [M] (rm [M] in range) -> (mx, total, acc).
+    PARTS 2: three products of the float16 parts (~float32); 1: the hi parts alone, one product (ql, kl unread)."""
     dc = tl.arange(0, DC)
     sc = tl.zeros([M, BN], tl.float32)
     for c in range(0, D, DC):
         qh = tl.load(qh_ptr + qrow[:, None] + c + dc[None, :], mask=rm[:, None], other=0.0)                  # [M, DC]
-        ql = tl.load(ql_ptr + qrow[:, None] + c + dc[None, :], mask=rm[:, None], other=0.0)
+        if PARTS > 1:
+            ql = tl.load(ql_ptr + qrow[:, None] + c + dc[None, :], mask=rm[:, None], other=0.0)
         kh = tl.trans(tl.load(kh_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))       # [DC, BN]
-        kl = tl.trans(tl.load(kl_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
+        if PARTS > 1:
+            kl = tl.trans(tl.load(kl_ptr + krow[:, None] + c + dc[None, :], mask=km[:, None], other=0.0))
         sc = tl.dot(qh, kh, sc)                                                                             # [M, BN]
-        sc = tl.dot(ql, kh, sc)
-        sc = tl.dot(qh, kl, sc)
+        if PARTS > 1:
+            sc = tl.dot(ql, kh, sc)
+            sc = tl.dot(qh, kl, sc)
     sc = tl.where(vis, sc * scale, float("-inf"))
     top = tl.maximum(mx, tl.max(sc, axis=1))
     base = tl.where(top == float("-inf"), 0.0, top)          # no key seen yet: 0 (never -inf - -inf)
@@ -207,13 +216,16 @@ def _fold_keys(qh_ptr, ql_ptr, qrow, rm, kh_ptr, kl_ptr, krow, km, vis, dv, mx, 
     carry = tl.exp(mx - base)
     total = total * carry + tl.sum(p, axis=1)
     ph = p.to(tl.float16)
-    pl = (p - ph.to(tl.float32)).to(tl.float16)
+    if PARTS > 1:
+        pl = (p - ph.to(tl.float32)).to(tl.float16)
     vh = tl.load(kh_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)                        # [BN, DV]
-    vl = tl.load(kl_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)
+    if PARTS > 1:
+        vl = tl.load(kl_ptr + krow[:, None] + dv[None, :], mask=km[:, None], other=0.0)
     acc = acc * carry[:, None]
     acc = tl.dot(ph, vh, acc)
-    acc = tl.dot(pl, vh, acc)
-    acc = tl.dot(ph, vl, acc)
+    if PARTS > 1:
+        acc = tl.dot(pl, vh, acc)
+        acc = tl.dot(ph, vl, acc)
     return top, total, acc
 
 
@@ -245,9 +257,10 @@ def _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, t, h, qrow, rm, dv, mx, tot
 @triton.jit
 def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr, scale, T, K, H: tl.constexpr,
                  D: tl.constexpr, NR: tl.constexpr, BT: tl.constexpr, HB: tl.constexpr, BN: tl.constexpr,
-                 DC: tl.constexpr, DV: tl.constexpr):
+                 DC: tl.constexpr, DV: tl.constexpr, PARTS: tl.constexpr):
     """Program (i, j, v): queries i*BT.., heads j*HB.., output dims v*DV..; row r of its tiles is query
-    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.split_parts)."""
+    i*BT + r // HB, head j*HB + r % HB. q and k come as float16 parts hi + lo (parts.split_parts; PARTS 1: hi
+    alone, the lo pointers unread)."""
     r = tl.arange(0, BT * HB)
     t = tl.program_id(0) * BT + r // HB
     h = tl.program_id(1) * HB + r % HB
@@ -264,7 +277,7 @@ def _attend_long(qh_ptr, ql_ptr, kh_ptr, kl_ptr, m_ptr, s_ptr, cos_ptr, sin_ptr,
         vis = tl.load(m_ptr + t.to(tl.int64)[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0) != 0
         if tl.max(tl.max(vis.to(tl.int32), axis=1), axis=0) > 0:      # a block none of the rows sees: skipped
             mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, tm, kh_ptr, kl_ptr, kk.to(tl.int64) * D, km, vis, dv,
-                                        mx, total, acc, scale, D, DC, BT * HB, BN)
+                                        mx, total, acc, scale, D, DC, BT * HB, BN, PARTS)
         kb += BN
     _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, t, h, qrow, tm, dv, mx, total, acc, D, NR, DV)
 
@@ -284,18 +297,29 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     if k.dtype != torch.float32 or k.shape != (K, D) or mask.shape != (T, K) or mask.dtype != torch.bool:
         raise ValueError(f"attend_long_triton: expected float32 k [K, {D}] and bool mask [{T}, K], got k {k.dtype} "
                          f"{list(k.shape)}, mask {mask.dtype} {list(mask.shape)}")
-    bt, hb, bn, dc, dv, warps, stages = config or LONG_CONFIG
+    bt, hb, bn, dc, dv, warps, stages, parts = config or LONG_CONFIG
     hb = math.gcd(hb, H)
     bt = max(bt, triton.cdiv(16, hb))
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q) if out is None else out
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
-    _attend_long[grid](*split_parts(q.contiguous()), *split_parts(k.contiguous()),
+    _attend_long[grid](*_operand(q, parts), *_operand(k, parts),
                        mask.contiguous().view(torch.uint8), sinks.float().contiguous(),
                        cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), o, D ** -0.5, T, K,
-                       H=H, D=D, NR=2 * cos.shape[-1], BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, num_warps=warps,
-                       num_stages=stages)
+                       H=H, D=D, NR=2 * cos.shape[-1], BT=bt, HB=hb, BN=bn, DC=dc, DV=dv, PARTS=parts,
+                       num_warps=warps, num_stages=stages)
     return o
+
+
+def _operand(a: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill kernel's float32 operand as its float16 (hi, lo) parts, or with parts 1 as (hi, hi): the kernel
+    then reads hi alone."""
+    if parts == 2:
+        return split_parts(a.contiguous())
+    if parts != 1:
+        raise ValueError(f"attn_triton: a config's parts is 1 or 2, got {parts}")
+    hi = a.to(torch.float16).contiguous()
+    return hi, hi
 
 
 def _check_long(name: str, q: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -316,7 +340,7 @@ def _check_long(name: str, q: torch.Tensor, sinks: torch.Tensor, cos: torch.Tens
 @triton.jit
 def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, tv_ptr, s_ptr, cos_ptr, sin_ptr, o_ptr,
                 scale, KR, H: tl.constexpr, D: tl.constexpr, NR: tl.constexpr, NT: tl.constexpr, HB: tl.constexpr,
-                M: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr):
+                M: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, DV: tl.constexpr, PARTS: tl.constexpr):
     """Program (t, j, v): query t, heads j*HB.. (rows of the tiles past HB are padding for tl.dot's 16), output dims
     v*DV..: the raw keys rh + rl [KR, d] in blocks of BN (those the query's mask row does not see skipped), then
     its own NT top compressed rows, gathered from ch + cl by index (those top_vis marks invisible left out)."""
@@ -336,7 +360,7 @@ def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, 
         vis = tl.load(m_ptr + t.to(tl.int64) * KR + kk, mask=km, other=0) != 0                # [BN]
         if tl.max(vis.to(tl.int32), axis=0) > 0:
             mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, rm, rh_ptr, rl_ptr, kk.to(tl.int64) * D, km,
-                                        vis[None, :], dv, mx, total, acc, scale, D, DC, M, BN)
+                                        vis[None, :], dv, mx, total, acc, scale, D, DC, M, BN, PARTS)
         kb += BN
     for jb in range(0, NT, BN):
         jj = jb + tl.arange(0, BN)
@@ -345,7 +369,7 @@ def _attend_top(qh_ptr, ql_ptr, rh_ptr, rl_ptr, m_ptr, ch_ptr, cl_ptr, top_ptr, 
         if tl.max(vis.to(tl.int32), axis=0) > 0:
             row = tl.load(top_ptr + t * NT + jj, mask=jm & vis, other=0)                       # [BN] int64
             mx, total, acc = _fold_keys(qh_ptr, ql_ptr, qrow, rm, ch_ptr, cl_ptr, row * D, jm & vis, vis[None, :],
-                                        dv, mx, total, acc, scale, D, DC, M, BN)
+                                        dv, mx, total, acc, scale, D, DC, M, BN, PARTS)
     _store_with_sink(o_ptr, s_ptr, cos_ptr, sin_ptr, tl.full([M], t, tl.int32), h, qrow, rm, dv, mx, total, acc, D,
                      NR, DV)
 
@@ -370,15 +394,15 @@ def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor
                          f"int64 top and bool top_vis [{T}, k], got raw {raw.dtype} {list(raw.shape)}, comp "
                          f"{comp.dtype} {list(comp.shape)}, raw_mask {raw_mask.dtype} {list(raw_mask.shape)}, top "
                          f"{top.dtype} {list(top.shape)}, top_vis {top_vis.dtype} {list(top_vis.shape)}")
-    hb, bn, dc, dv, warps, stages = config or TOP_CONFIG
+    hb, bn, dc, dv, warps, stages, parts = config or TOP_CONFIG
     hb = math.gcd(hb, H)
     dc, dv = min(dc, D), min(dv, D)
     o = torch.empty_like(q)
     grid = (T, H // hb, D // dv)
-    _attend_top[grid](*split_parts(q.contiguous()), *split_parts(raw.contiguous()),
-                      raw_mask.contiguous().view(torch.uint8), *split_parts(comp.contiguous()),
+    _attend_top[grid](*_operand(q, parts), *_operand(raw, parts), raw_mask.contiguous().view(torch.uint8),
+                      *_operand(comp, parts),
                       top.contiguous(), top_vis.contiguous().view(torch.uint8), sinks.float().contiguous(),
                       cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), o, D ** -0.5, KR, H=H,
-                      D=D, NR=2 * cos.shape[-1], NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, num_warps=warps,
-                      num_stages=stages)
+                      D=D, NR=2 * cos.shape[-1], NT=NT, HB=hb, M=max(hb, 16), BN=bn, DC=dc, DV=dv, PARTS=parts,
+                      num_warps=warps, num_stages=stages)
     return o
