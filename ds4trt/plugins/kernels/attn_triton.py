@@ -71,13 +71,14 @@ SMALL_CONFIG, SMALL_KEYS = (4, 4, 1), 1153   # up to SMALL_KEYS keys (window lay
 # indexer rows: 641): in the third sweep 3-11 % faster than CONFIG there, much slower at 8321 (more partials to join)
 DB = 128         # output dims per program of _attend_join
 # (queries BT, heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages, float16 parts of
-# each operand) of _attend_long
-LONG_CONFIG = (2, 64, 64, 64, 256, 8, 3, 2)   # bench_kernels' sweep: 452 / 185 / 224 us against 461 / 190 / 234
-# at (1, 64, 32, 64, 256, 4, 3) for a ratio-4 / window / ratio-128 block of 256 queries (BENCHMARKS.md)
-# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages, parts) of _attend_top: the fastest
-# of bench_kernels' first sweep on the H200 (a 256-query block at 4096 / 16384 / 65536: 476 / 505 / 632 us; at 8
-# warps 1.1-3.4 ms), without register spills at Flash width (scripts/sass_report.py --long --top-config)
-TOP_CONFIG = (64, 64, 64, 128, 4, 3, 2)
+# each operand) of _attend_long: bench_kernels' sweep on an H100 (2026-12-06), a window / ratio-4 / ratio-128 block
+# of 256 queries: 106.5 / 215.5 / 123.0 us against 163 / 476 / 200 at (2, 64, 64, 64, 256, 8, 3, 2), the best of
+# the two-part configs (BENCHMARKS.md)
+LONG_CONFIG = (1, 64, 64, 128, 512, 8, 2, 1)
+# (heads HB, keys per block BN, logit dims per dot DC, output dims DV, warps, stages, parts) of _attend_top: the same
+# sweep, a 256-query block at 4096 / 16384 / 65536: 269 / 285 / 334 us against 537 / 578 / 778 at (64, 64, 64, 128,
+# 4, 3, 2), the best with two parts; no spills at Flash width (scripts/sass_report.py --long --top-config)
+TOP_CONFIG = (64, 64, 64, 256, 8, 3, 1)
 
 
 @triton.jit
