@@ -745,7 +745,7 @@ def test_attend_long_vs_float64(shape):
         assert float(got[1].abs().max()) == 0.0, f"config {config}: a row that sees no key"
     whole = torch.full((T + 3, H, d), float("nan"), device=DEVICE)
     assert attn_triton.attend_long_triton(*args, out=whole[2:T + 2]).data_ptr() == whole[2].data_ptr()
-    assert _rel(whole[2:T + 2], want) <= TOL
+    assert _rel(whole[2:T + 2], want) <= (TOL if attn_triton.LONG_CONFIG[-1] == 2 else TOL_F16)
     assert whole[:2].isnan().all() and whole[T + 2:].isnan().all(), "rows outside out written"
 
 
