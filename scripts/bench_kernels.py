@@ -327,21 +327,24 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
         if mix == "q2":            # the same call with DS4_MOE_MMA the other way (moe_mma.DEFAULT_MODE's other); in
-            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None):   # the sweep, moe_mma's kernels at other
-                os.environ["DS4_MOE_MMA"] = mma                               # warps / table form / gate-up pass
-                saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE)
+            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None, minb=None):   # the sweep, moe_mma's
+                os.environ["DS4_MOE_MMA"] = mma               # kernels at other warps / table form / gate-up pass /
+                saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE), dict(MM.MIN_BLOCKS)         # programs per SM
                 MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
                 MM.NIB = saved[1] if nib is None else nib
                 MM.FUSE.update({cap: fuse for cap in MM.FUSE} if fuse is not None else {})
+                MM.MIN_BLOCKS.update({cap: minb for cap in MM.MIN_BLOCKS} if minb else {})
                 try:
                     run(label=f" (DS4_MOE_MMA={mma}" + (f", {warps} warps" if warps else "")
                         + (f", NIB={int(nib)}" if nib is not None else "")
-                        + (f", FUSE={int(fuse)}" if fuse is not None else "") + ")")
+                        + (f", FUSE={int(fuse)}" if fuse is not None else "")
+                        + (f", MINB={minb}" if minb else "") + ")")
                 finally:
                     del os.environ["DS4_MOE_MMA"]
                     MM.WARPS.update(saved[0])
                     MM.NIB = saved[1]
                     MM.FUSE.update(saved[2])
+                    MM.MIN_BLOCKS.update(saved[3])
             other = "0" if MM.DEFAULT_MODE == "1" else "1"
             guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA={other}", results,
                     lambda run_env=run_env, other=other: run_env(mma=other))
@@ -350,6 +353,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", minb=2))
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first

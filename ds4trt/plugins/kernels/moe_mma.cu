@@ -32,7 +32,7 @@
 //
 // Compile-time: NT (x tiles of 8 pairs: CAP = 8 NT), WARPS, NIB (the gate/up's table form), FUSE (1: gate and up in
 // one pass over a block, each x fragment read once for both: half the x reads from shared memory, twice the
-// accumulators; 0: one matrix after the other).
+// accumulators; 0: one matrix after the other), MINB (programs per SM the registers must allow: __launch_bounds__).
 
 #include "ptx_ops.cuh"
 
@@ -208,7 +208,7 @@ __device__ __forceinline__ void block_product(float (*acc)[NT][4], const unsigne
                    f16_to_f32(*(const u16*)(w[m] + o8)) * 0.125f, inv, t);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const long long* __restrict__ ids,
                const float* __restrict__ wts, const int* __restrict__ order, const int* __restrict__ cnt,
                const int* __restrict__ starts, const unsigned char* __restrict__ gate,
@@ -309,7 +309,7 @@ __device__ __forceinline__ u32 byte_pair_f16(u32 w, u32 sel) {
     return sub_f16x2(prmt(w, 0x64646464u, sel), 0x64006400u);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
              const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
              const int* __restrict__ cnt, const int* __restrict__ starts, const unsigned char* __restrict__ down,

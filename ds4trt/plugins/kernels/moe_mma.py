@@ -47,6 +47,11 @@ NIB = True
 # against 160 and 2 x 360 (two programs per SM either way: shared memory). Apart: 3.43 / 4.24 / 7.43 ms at T = 512 /
 # 1024 / 2048 against 3.20 / 3.92 / 7.36 fused (the header's runs, 4 warps).
 FUSE = {32: True, 64: True}
+# programs per SM the compiler must leave registers for (moe_mma.cu's MINB: __launch_bounds__' second argument), by
+# CAP. CAP 64's fused gate/up takes 206 registers at 8 warps, so one program per SM (ncu: 12.5 % occupancy, no
+# eligible warp 66 % of cycles, BENCHMARKS.md, the forty-fourth session); at 2, 128 registers with 28 bytes spilled
+# outside the block loop (loop 647 -> 649 instructions; the down 151 -> 128, loop 334 -> 358; sm_90, NVRTC here).
+MIN_BLOCKS = {32: 1, 64: 1}
 
 
 def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, device: torch.device) -> bool:
@@ -72,13 +77,16 @@ def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:
             and rows % (16 * WARPS[cap]) == 0)
 
 
-def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None) -> cuda_launch.Kernel:
+def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None,
+           min_blocks: int | None = None) -> cuda_launch.Kernel:
     """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles, `warps` warps, the
-    gate/up's table form and whether it does gate and up in one pass (NIB, FUSE[8 nt] when None)."""
+    gate/up's table form, whether it does gate and up in one pass and the programs per SM its registers must allow
+    (NIB, FUSE[8 nt], MIN_BLOCKS[8 nt] when None)."""
     nib = NIB if nib is None else nib
     fuse = FUSE.get(8 * nt, False) if fuse is None else fuse
+    min_blocks = MIN_BLOCKS.get(8 * nt, 1) if min_blocks is None else min_blocks
     return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps), ("NIB", int(nib)),
-                                                   ("FUSE", int(fuse))))
+                                                   ("FUSE", int(fuse)), ("MINB", min_blocks)))
 
 
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
