@@ -349,7 +349,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
             guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA={other}", results,
                     lambda run_env=run_env, other=other: run_env(mma=other))
             if sweeps is not None and T >= 512:
-                sweeps.append(lambda run_env=run_env: run_env(mma="1", nib=not MM.NIB))
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", nib=not MM.NIB, minb=1))   # no spills
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
