@@ -353,7 +353,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
-                sweeps.append(lambda run_env=run_env: run_env(mma="1", minb=2))
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", minb=1))     # one program an SM
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first
