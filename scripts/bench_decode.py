@@ -3,6 +3,8 @@
 
     python3 scripts/bench_decode.py [--layers 43] [--prefill 2048] [--repeats 30] [--ctx N] [--json FILE]
 
+(43 layers need ~82 GiB for the weights: where they do not fit, it says which --layers do and stops.)
+
 The model is the real Transformer (model/transformer.py) with the CUDA backend's kernels
 (runtime/backends/cuda.py): Flash widths (hidden 4096, 64 heads x 512, 256 experts x 2048, vocabulary
 129280, ModelConfig.flash()), the q2 mix (IQ2_XXS gate/up, Q2_K down, Q8_0 projections, F16 where ds4 has
@@ -52,12 +54,16 @@ from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.layout import mtp_layout, target_layout  # noqa: E402
 from ds4trt.model.mtp import MTPHead  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
-from ds4trt.runtime.backends.cuda import CudaExperts, GraphedSteps, compile_blocks, cuda_linear, to_device  # noqa: E402
+from ds4trt.runtime.backends.cuda import (CudaExperts, GraphedSteps, compile_blocks, cuda_linear,  # noqa: E402
+                                          resident_bytes, to_device)
 from ds4trt.runtime.cache import CacheState  # noqa: E402
 from ds4trt.runtime.speculative import MTPDrafter  # noqa: E402
 from ds4trt.testing.flash_sparse import EXPERT_MIXES, spec_type  # noqa: E402
 
 Q2_MIX = EXPERT_MIXES["q2"]              # (gate, up, down): IQ2_XXS, IQ2_XXS, Q2_K
+# device memory a run needs beside the weights: the 4096-token cache, a 2048-token chunk's temporaries (peak 55.92
+# GiB against 54.16 of weights at 28 layers on an H100, BENCHMARKS.md, the forty-fourth session), with a margin
+RUN_HEADROOM = 4 * 2 ** 30
 MTP_MIX = EXPERT_MIXES["q4"]             # the MTP head's experts: Q4_K (ds4's DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf)
 START = time.time()
 
@@ -74,8 +80,15 @@ class SyntheticWeights:
         """specs: the tensors (the target's, target_layout, by default; mtp_layout for the MTP head); mix: the
         routed experts' (gate, up, down) types."""
         self.specs = {s.name: s for s in (specs if specs is not None else target_layout(cfg))}
-        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.seed, self._gen = seed, None
         self.cfg, self.mix = cfg, mix
+
+    @property
+    def gen(self) -> torch.Generator:
+        """The GPU's generator, made on first use (sizes and types need no GPU: layers_that_fit)."""
+        if self._gen is None:
+            self._gen = torch.Generator(device="cuda").manual_seed(self.seed)
+        return self._gen
 
     def has(self, name):
         return name in self.specs
@@ -106,6 +119,17 @@ class SyntheticWeights:
         shape, t = self.shape_of(name), self.type_of(name)
         lead = shape[0] if len(shape) == 3 else 1
         return random_blocks(t, shape[-2], shape[-1], lead, gen=self.gen).reshape(-1)
+
+
+def layers_that_fit(free: int, headroom: int = RUN_HEADROOM) -> int:
+    """The most Flash layers (at most 43) whose synthetic weights, as the CUDA backend holds them
+    (cuda.resident_bytes), leave `headroom` bytes of `free` for the run: 0 if not even one fits."""
+    fits = 0
+    for layers in range(1, ModelConfig.flash().n_layer + 1):
+        if resident_bytes(SyntheticWeights(flash_layers(layers))) + headroom > free:
+            break
+        fits = layers
+    return fits
 
 
 def flash_layers(layers: int) -> ModelConfig:
@@ -227,6 +251,16 @@ def main() -> int:
         return 2
 
     cfg = flash_layers(args.layers)
+    free = torch.cuda.mem_get_info()[0]
+    need = resident_bytes(SyntheticWeights(cfg)) + (resident_bytes(SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX))
+                                                    if args.draft else 0)
+    if need + RUN_HEADROOM > free:
+        fits = layers_that_fit(free)
+        print(f"bench_decode.py: {cfg.n_layer} layers need {need / 2 ** 30:.1f} GiB of device memory for the weights "
+              f"and ~{RUN_HEADROOM / 2 ** 30:.0f} GiB for the run; {torch.cuda.get_device_name(0)} has "
+              f"{free / 2 ** 30:.1f} GiB free: " + (f"--layers {fits} fits" if fits else "not even one layer fits"),
+              file=sys.stderr)
+        return 2
     bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name(0)}; copy bandwidth {bw / 1e12:.3f} TB/s (2 GiB device copy, read + write)")
 

@@ -85,6 +85,23 @@ def test_split_runs_splits_each_chunk_exactly_enough():
 
 
 @needs_triton
+def test_bench_decode_checks_that_the_layers_fit(monkeypatch):
+    """scripts/bench_decode.py's memory check, without a GPU: resident_bytes of its synthetic Flash weights grows with
+    the layers (28 layers: within 1 % of the 54.16 GiB an H100 run held, BENCHMARKS.md), and layers_that_fit gives
+    the most layers whose weights and RUN_HEADROOM fit the free bytes."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_decode as B
+
+    need = [cuda.resident_bytes(B.SyntheticWeights(B.flash_layers(n))) for n in (27, 28, 29)]
+    assert need[0] < need[1] < need[2]
+    assert abs(need[1] / 2 ** 30 - 54.16) < 0.01 * 54.16
+    assert B.layers_that_fit(need[1] + B.RUN_HEADROOM) == 28
+    assert B.layers_that_fit(need[1] + B.RUN_HEADROOM - 1) == 27
+    assert B.layers_that_fit(B.RUN_HEADROOM) == 0
+    assert B.layers_that_fit(2 ** 50) == 43
+
+
+@needs_triton
 def test_resident_bytes_is_what_the_model_holds():
     """The memory estimate open_engine checks against the device equals the model's parameters and buffers
     (on the CPU: the same modules), up to the small derived buffers (Hadamard matrices)."""

@@ -70,6 +70,10 @@ class Weights:
         """Numpy / torch order."""
         return self._info(name).shape
 
+    def nbytes(self, name: str) -> int:
+        """The tensor's bytes in the file (its GGUF blocks)."""
+        return self._info(name).nbytes
+
     def _info(self, name: str):
         info = self.file.tensors.get(name)
         if info is None:

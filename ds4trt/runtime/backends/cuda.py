@@ -519,8 +519,9 @@ class _Captured:
 class GraphedSteps(Steps):
     """Steps (runtime/steps.py) replayed from CUDA graphs: one per (T, last_only, indexer, bound) for `run`, one per
     (T, last_only, indexer, bound, n) for `commit`. A shape's graphs are captured by `prepare` or, failing that, on
-    its first call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as fresh tensors
-    and the rows as the graph's own outputs: valid until this object's next `run` (commit them before that)."""
+    its first call (its first capture runs it once, compiling the Triton kernels). `run` returns logits and hc as
+    fresh tensors and the rows as the graph's own outputs: valid until this object's next `run` (commit them before
+    that)."""
 
     def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
         super().__init__(model, cache, MIN_BOUND)
@@ -633,7 +634,8 @@ def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
 def resident_bytes(weights) -> int:
     """Device bytes of a GGUF's weights in this backend: routed experts as their blocks, Q8_0 projections as
     split_q8's arrays (rows padded to 256 values), the F16 matrices applied through `linear` as float16, other
-    F16/F32 tensors as float32, I32 (the hash-routing table) as int64."""
+    F16/F32 tensors as float32, I32 (the hash-routing table) as int64. weights: model/weights.py's Weights, or any
+    object with its specs, has, type_of, shape_of and nbytes (scripts/bench_decode.py's synthetic ones)."""
     total = 0
     for name in weights.specs:
         if weights.has(name):
@@ -646,7 +648,7 @@ def resident_bytes(weights) -> int:
             elif t == N.Q8_0 and len(shape) == 2:
                 total += q8_triton.split_bytes(*shape)
             else:
-                total += weights.file.tensors[name].nbytes
+                total += weights.nbytes(name)
     return total
 
 
