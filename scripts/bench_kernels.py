@@ -354,6 +354,8 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", minb=1))     # one program an SM
+                # 4 warps, four programs an SM: CAP 32's gate/up 126 registers, no spills (sm_90 offline)
+                sweeps.append(lambda run_env=run_env: run_env(mma="1", warps=4, minb=4))
         if T >= 512:
             runs.append((T, default, run))
     for cfg in (LONG_SWEEP_Q4 if Q4_K in types else LONG_SWEEP) if sweeps is not None else ():   # longest first
