@@ -61,10 +61,10 @@ from ds4trt.runtime.speculative import MTPDrafter  # noqa: E402
 from ds4trt.testing.flash_sparse import EXPERT_MIXES, spec_type  # noqa: E402
 
 Q2_MIX = EXPERT_MIXES["q2"]              # (gate, up, down): IQ2_XXS, IQ2_XXS, Q2_K
+MTP_MIX = EXPERT_MIXES["q4"]             # the MTP head's experts: Q4_K (ds4's DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf)
 # device memory a run needs beside the weights: the 4096-token cache, a 2048-token chunk's temporaries (peak 55.92
 # GiB against 54.16 of weights at 28 layers on an H100, BENCHMARKS.md, the forty-fourth session), with a margin
 RUN_HEADROOM = 4 * 2 ** 30
-MTP_MIX = EXPERT_MIXES["q4"]             # the MTP head's experts: Q4_K (ds4's DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf)
 START = time.time()
 
 
@@ -252,10 +252,10 @@ def main() -> int:
 
     cfg = flash_layers(args.layers)
     free = torch.cuda.mem_get_info()[0]
-    need = resident_bytes(SyntheticWeights(cfg)) + (resident_bytes(SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX))
-                                                    if args.draft else 0)
+    mtp_need = resident_bytes(SyntheticWeights(cfg, 2, mtp_layout(cfg), MTP_MIX)) if args.draft else 0
+    need = resident_bytes(SyntheticWeights(cfg)) + mtp_need
     if need + RUN_HEADROOM > free:
-        fits = layers_that_fit(free)
+        fits = layers_that_fit(free, RUN_HEADROOM + mtp_need)      # the MTP head's size does not depend on them
         print(f"bench_decode.py: {cfg.n_layer} layers need {need / 2 ** 30:.1f} GiB of device memory for the weights "
               f"and ~{RUN_HEADROOM / 2 ** 30:.0f} GiB for the run; {torch.cuda.get_device_name(0)} has "
               f"{free / 2 ** 30:.1f} GiB free: " + (f"--layers {fits} fits" if fits else "not even one layer fits"),
