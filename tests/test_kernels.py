@@ -495,6 +495,11 @@ def test_hc_pre_vs_float64(D):
             assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
 
+def _parts_tol(config: tuple[int, ...]) -> float:
+    """The bound of a prefill attention config (its last field the float16 parts): TOL for two, TOL_F16 for one."""
+    return TOL if config[-1] == 2 else TOL_F16
+
+
 def _output_rotation(g: torch.Generator, T: int, d: int, n_rot: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 cos, sin [T, n_rot / 2] of random angles: the inverse RoPE the attention kernels apply to the last
     n_rot dims of each output (default d / 8, Flash's 64 of 512)."""
@@ -740,12 +745,12 @@ def test_attend_long_vs_float64(shape):
     for config in ATTEND_LONG_CONFIGS:
         got = attn_triton.attend_long_triton(*args, config)
         assert got.shape == want.shape
-        tol = TOL if (config or attn_triton.LONG_CONFIG)[-1] == 2 else TOL_F16
-        assert _rel(got, want) <= tol, f"config {config}: relative error {_rel(got, want):.2e}"
+        assert _rel(got, want) <= _parts_tol(config or attn_triton.LONG_CONFIG), \
+            f"config {config}: relative error {_rel(got, want):.2e}"
         assert float(got[1].abs().max()) == 0.0, f"config {config}: a row that sees no key"
     whole = torch.full((T + 3, H, d), float("nan"), device=DEVICE)
     assert attn_triton.attend_long_triton(*args, out=whole[2:T + 2]).data_ptr() == whole[2].data_ptr()
-    assert _rel(whole[2:T + 2], want) <= (TOL if attn_triton.LONG_CONFIG[-1] == 2 else TOL_F16)
+    assert _rel(whole[2:T + 2], want) <= _parts_tol(attn_triton.LONG_CONFIG)
     assert whole[:2].isnan().all() and whole[T + 2:].isnan().all(), "rows outside out written"
 
 
@@ -789,8 +794,8 @@ def test_attend_top_vs_float64(shape):
     for config in ATTEND_TOP_CONFIGS:
         got = attn_triton.attend_top_triton(*args, config=config)
         assert got.shape == want.shape
-        tol = TOL if (config or attn_triton.TOP_CONFIG)[-1] == 2 else TOL_F16
-        assert _rel(got, want) <= tol, f"config {config}: relative error {_rel(got, want):.2e}"
+        assert _rel(got, want) <= _parts_tol(config or attn_triton.TOP_CONFIG), \
+            f"config {config}: relative error {_rel(got, want):.2e}"
         assert float(got[1].abs().max()) == 0.0, f"config {config}: a query that sees no key"
 
 
