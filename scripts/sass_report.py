@@ -14,10 +14,10 @@ hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' mult
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
 _attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at TOP_CONFIG or the --top-config
 launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches:
-its "loop" is one span of 256 values
-of each of the warp's rows, its shared memory that of MAX_SPANS spans; with --long also the long calls' tensor-core
-MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches: gate/up's "loop" is half a block (128 values)
-of a warp's 16 rows of one matrix, or of both when fused; down's a half block of the main term), and prints registers
+its "loop" is one span of 256 values of each of the warp's rows, its shared memory that of MAX_SPANS spans; with
+--long also the long calls' tensor-core MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches:
+gate/up's "loop" is half a block (128 values) of a warp's 16 rows of one matrix, or of both when fused; down's a
+half block of the main term), and prints registers
 per thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
 e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared
 loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and

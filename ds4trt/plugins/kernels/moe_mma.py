@@ -51,9 +51,9 @@ FUSE = {32: True, 64: True}
 # CAP. At 1, CAP 64's fused gate/up took 206 registers at 8 warps, one program per SM (ncu: 12.5 % occupancy, no
 # eligible warp 66 % of cycles), and CAP 32's 130, also one; at 2, 128 / 126 (CAP 64: a 272-byte stack frame, 780
 # bytes spilled, yet the block loop 647 -> 649 instructions; its down 151 -> 128, 28 bytes). H100, one q2 layer's
-# routed experts, three
-# alternating rounds, outputs bit for bit the same: CAP 32 4.37-4.98 -> 3.78-3.83 ms at T = 1024, 7.63-7.97 -> 6.36-6.54
-# at 2048; CAP 64 5.74-5.79 -> 5.59-5.68, 6.72-6.82 -> 6.51-6.60 (BENCHMARKS.md, the forty-fourth session).
+# routed experts, three alternating rounds, outputs bit for bit the same: CAP 32 4.37-4.98 -> 3.78-3.83 ms at T =
+# 1024, 7.63-7.97 -> 6.36-6.54 at 2048; CAP 64 5.74-5.79 -> 5.59-5.68, 6.72-6.82 -> 6.51-6.60 (BENCHMARKS.md, the
+# forty-fourth session).
 MIN_BLOCKS = {32: 2, 64: 2}
 
 
