@@ -54,6 +54,7 @@ from ds4trt.model.config import ModelConfig  # noqa: E402
 from ds4trt.model.layout import mtp_layout, target_layout  # noqa: E402
 from ds4trt.model.mtp import MTPHead  # noqa: E402
 from ds4trt.model.transformer import Transformer  # noqa: E402
+from ds4trt.plugins.kernels import attn_triton  # noqa: E402
 from ds4trt.runtime.backends.cuda import (CudaExperts, GraphedSteps, compile_blocks, cuda_linear,  # noqa: E402
                                           resident_bytes, to_device)
 from ds4trt.runtime.cache import CacheState  # noqa: E402
@@ -233,8 +234,26 @@ def main() -> int:
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
                                     "order (tab-separated: microseconds, name), and those of one verify step of T "
                                     "rows (each --verify length) to this name + '.T<T>'")
+    ap.add_argument("--attend-config", metavar="BT:HB:BN:DC:DV:WARPS:STAGES:PARTS",
+                    help="run the prefill attention (_attend_long) at this launch instead of attn_triton.LONG_CONFIG, "
+                         "to time a config as a whole model (bench_kernels.py --cases attend_long sweeps one block)")
+    ap.add_argument("--top-config", metavar="HB:BN:DC:DV:WARPS:STAGES:PARTS",
+                    help="the same for _attend_top (attn_triton.TOP_CONFIG)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    for option, text, name in (("--attend-config", args.attend_config, "LONG_CONFIG"),
+                               ("--top-config", args.top_config, "TOP_CONFIG")):
+        if text is not None:
+            fields = len(getattr(attn_triton, name))
+            try:
+                config = tuple(int(f) for f in text.split(":"))
+            except ValueError:
+                config = ()
+            if len(config) != fields or config[-1] not in (1, 2):
+                print(f"bench_decode.py: {option} {text!r}: expected {fields} integers separated by ':' (the last, "
+                      f"the float16 parts, 1 or 2)", file=sys.stderr)
+                return 2
+            setattr(attn_triton, name, config)
     need = args.prefill + 4 * args.repeats + 64
     if args.ctx is not None and args.ctx < need:
         print(f"bench_decode.py: --ctx {args.ctx} is below what the run needs ({need} = prefill + 4 x repeats + 64)",
