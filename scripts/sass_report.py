@@ -5,7 +5,7 @@
                                    [--topk-warps W ...] [--long [--long-config C ...]]
                                    [--attend-config BT:HB:BN:DC:DV:WARPS:STAGES:PARTS ...]
                                    [--top-config HB:BN:DC:DV:WARPS:STAGES:PARTS ...] [--q8-mma NT:MT:WARPS:PF ...]
-                                   [--moe-mma NT:WARPS ...] [--dump DIR]
+                                   [--moe-mma NT:WARPS[:NIB[:FUSE[:MINB]]] ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
@@ -65,9 +65,9 @@ def main() -> int:
     ap.add_argument("--top-config", nargs="*", type=q8_shape, default=None, metavar="HB:BN:DC:DV:WARPS:STAGES:PARTS",
                     help="with --long: these launches of _attend_top instead of attn_triton.TOP_CONFIG")
     ap.add_argument("--moe-mma", nargs="*", type=q8_shape, default=None,
-                    metavar="NT:WARPS[:NIB[:FUSE]]", help="with --long: moe_mma.cu's kernels at these x tiles (CAP = "
-                                                         "8 NT), warps, gate/up table form and one-pass gate/up "
-                                                         "(default: moe_mma.WARPS, NIB, FUSE)")
+                    metavar="NT:WARPS[:NIB[:FUSE[:MINB]]]",
+                    help="with --long: moe_mma.cu's kernels at these x tiles (CAP = 8 NT), warps, gate/up table form, "
+                         "one-pass gate/up and programs per SM (default: moe_mma.WARPS, NIB, FUSE, MIN_BLOCKS)")
     ap.add_argument("--q8-mma", nargs="*", type=q8_shape, default=None, metavar="NT:MT:WARPS:PF",
                     help="the tensor-core Q8_0 kernel (q8_mma.cu, compiled by NVRTC) at these x tiles, row tiles a "
                          "warp, warps and prefetch (default: q8_mma.CONFIG at NT = 1 and 2)")
@@ -117,10 +117,11 @@ def main() -> int:
         for nt, warps, *opt in args.moe_mma or [(cap // 8, w) for cap, w in moe_mma.WARPS.items()]:
             nib = bool(opt[0]) if opt else moe_mma.NIB
             fuse = bool(opt[1]) if len(opt) > 1 else moe_mma.FUSE.get(8 * nt, False)
+            minb = opt[2] if len(opt) > 2 else moe_mma.MIN_BLOCKS.get(8 * nt, 1)
             for name in ("moe_gateup_iq2", "moe_down_q2k"):
-                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib, fuse), "sm_90")
-                label = f"{name}_cap{8 * nt}_{warps}w" + ((("_nib" if nib else "") + ("_fused" if fuse else ""))
-                                                          if name == "moe_gateup_iq2" else "")
+                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib, fuse, minb), "sm_90")
+                label = f"{name}_cap{8 * nt}_{warps}w_minb{minb}" + (
+                    (("_nib" if nib else "") + ("_fused" if fuse else "")) if name == "moe_gateup_iq2" else "")
                 rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt, nib),
                                                      innermost_mma=True, function=name)))
         for config in args.attend_config or [A.LONG_CONFIG]:
