@@ -566,12 +566,13 @@ EMIT_CASES = [(128, 512, 64, 448, "fp8"), (4, 512, 64, 448, "fp8"), (4, 128, 64,
 
 @pytest.mark.parametrize("case", EMIT_CASES if GPU else EMIT_CASES[1:], ids=lambda c: "-".join(map(str, c)))
 def test_compress_emit_vs_float64(case):
-    """A compressor's rows for short steps (rows_triton) against model/attention.py emit_rows: unrounded rows
-    against float64 within TOL; each rounding ("fp8", "fp4") bit for bit PyTorch's round_row of the kernel's own
-    unrounded rows, and non-emitting tokens' rows zero. Fresh random rows and state at magnitudes 1e-3 .. 1e3,
-    norm weights 1e-7 .. 10 (blocks below FP8_MIN_AMAX, values in E4M3's subnormal range), steps of 1..16 tokens
-    starting where candidates lie before position 0, in the state, in the step, or both; this step's kv and score
-    rows as column slices of wider NaN-filled tensors of two row strides (read in place)."""
+    """A compressor's rows (rows_triton) against model/attention.py emit_rows: unrounded rows against float64 within
+    TOL; each rounding ("fp8", "fp4") bit for bit PyTorch's round_row of the kernel's own unrounded rows, and
+    non-emitting tokens' rows zero. Fresh random rows and state at magnitudes 1e-3 .. 1e3, norm weights 1e-7 .. 10
+    (blocks below FP8_MIN_AMAX, values in E4M3's subnormal range), steps of 1..16 tokens and a prefill chunk (300
+    tokens on a GPU, 37 on the interpreter: several blocks, the first and last partial) starting where candidates lie
+    before position 0, in the state, in the step, or both; this step's kv and score rows as column slices of wider
+    NaN-filled tensors of two row strides (read in place)."""
     from ds4trt.model.attention import emit_rows, round_row
     from ds4trt.plugins.kernels.rows_triton import compress_emit_triton
 
@@ -581,7 +582,7 @@ def test_compress_emit_vs_float64(case):
     norm = torch.logspace(-7, 1, c)[torch.randperm(c, generator=g)]
     freq = torch.rand(nr // 2, generator=g, dtype=torch.float64) * torch.logspace(-4, 0, nr // 2, dtype=torch.float64)
     emitted = 0
-    for T in (1, 2, 5, 16) if GPU else (1, 5):
+    for T in (1, 2, 5, 16, 300) if GPU else (1, 5, 37):
         for start in (0, R - 1, 5 * R - 2, 1000 * R + 3):
             mag = torch.logspace(-3, 3, T + coff * R)[torch.randperm(T + coff * R, generator=g)][:, None]
             kv, skv = (torch.randn(T + coff * R, coff * c, generator=g) * mag).split((T, coff * R))
@@ -608,15 +609,15 @@ def test_kv_row_vs_float64(shape):
     """The raw KV row of short steps (rows_triton) against model/attention.py kv_row: unrounded rows against float64
     within TOL; the "fp8" rows bit for bit kv_row's rounding (FP8, then f16) of the kernel's own unrounded rows. Fresh
     rows at magnitudes 1e-3 .. 1e3, norm weights 1e-7 .. 10, angles of positions up to 1e5; Flash's row and the tiny
-    model's (a 48-dim FP8 part: a shorter last block); kva a column slice of a wider NaN-filled tensor (read in
-    place)."""
+    model's (a 48-dim FP8 part: a shorter last block); steps of 1..16 tokens and a prefill chunk of 300; kva a column
+    slice of a wider NaN-filled tensor (read in place)."""
     from ds4trt.model.attention import kv_row
     from ds4trt.model.numerics import fp8_kv_row, round_f16
     from ds4trt.plugins.kernels.rows_triton import kv_row_triton
 
     d, nr, n_nope = shape
     g = torch.Generator().manual_seed(_seed("kv_row", *shape))
-    for T in (1, 5, 16):
+    for T in (1, 5, 16, 300):
         kva = torch.randn(T, d, generator=g) * torch.logspace(-3, 3, T)[:, None]
         norm = torch.logspace(-7, 1, d)[torch.randperm(d, generator=g)]
         ang = torch.rand(T, 1, generator=g, dtype=torch.float64) * 1e5 * torch.logspace(-4, 0, nr // 2,
@@ -631,12 +632,12 @@ def test_kv_row_vs_float64(shape):
         assert bad == 0, f"T = {T}: {bad} of {got.numel()} rounded values differ"
 
 
-def test_compress_emit_refuses_long_steps():
-    from ds4trt.plugins.kernels.rows_triton import MAX_T, compress_emit_triton
+def test_compress_emit_refuses_a_width_not_its_norms():
+    from ds4trt.plugins.kernels.rows_triton import compress_emit_triton
 
-    kv = torch.zeros(MAX_T + 1, 128, device=DEVICE)
+    kv = torch.zeros(5, 96, device=DEVICE)                  # neither 1 nor 2 rows of c = 64
     with pytest.raises(ValueError, match="compress_emit_triton: expected float32 kv"):
-        compress_emit_triton(kv, kv, kv[:8], kv[:8], torch.tensor(0, device=DEVICE), torch.ones(64, device=DEVICE),
+        compress_emit_triton(kv, kv, kv[:4], kv[:4], torch.tensor(0, device=DEVICE), torch.ones(64, device=DEVICE),
                              torch.ones(8, dtype=torch.float64, device=DEVICE), 4, "fp8", 48, 1e-6)
 
 

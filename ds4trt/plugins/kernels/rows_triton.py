@@ -1,4 +1,5 @@
-"""The cache rows a short step (decode, verify, draft) proposes (model/state.py LayerRows), one Triton kernel each:
+"""The cache rows a step proposes (model/state.py LayerRows), one Triton kernel each, a program per token, so for any
+number of tokens (decode, verify, draft, prefill chunks):
 
     kv_row_triton(kva [T, d] f32, norm [d], cos [T, n_rot/2], sin, eps, post, n_nope) -> raw [T, d] f32
         = model/attention.py kv_row: RMS norm, RoPE tail, for post "fp8" the FP8 round trip and f16 precision
@@ -39,7 +40,6 @@ from ds4trt.plugins.kernels.int_dot import rint
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 from ds4trt.plugins.kernels.qat_triton import _pow2_scale, _round_fp4
 
-MAX_T = 16         # the steps these kernels serve (prefill chunks keep the PyTorch versions)
 TILE = 2048        # compress_emit: candidates x dims loaded per loop step (CH = TILE / c); larger tiles spill
 WARPS = 8          # compress_emit's warps (sm_90 SASS at TILE: 64-108 registers per thread)
 NEG_SCORE = tl.constexpr(NEG)
@@ -92,14 +92,14 @@ def _kv_row(kva_ptr, kva_stride, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, C: tl
 
 def kv_row_triton(kva: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, post: str,
                   n_nope: int) -> torch.Tensor:
-    """model/attention.py kv_row for float32 rows of up to MAX_T tokens, d (norm's width) a power of two; cos, sin of
-    any float type (used as float32, as apply_rope_tail does)."""
+    """model/attention.py kv_row for float32 rows, d (norm's width) a power of two; cos, sin of any float type (used as
+    float32, as apply_rope_tail does)."""
     T, C = kva.shape
     nr = 2 * cos.shape[-1]
-    if (kva.dtype != torch.float32 or not 0 < T <= MAX_T or norm.shape != (C,) or C & (C - 1) or C < 4
+    if (kva.dtype != torch.float32 or T < 1 or norm.shape != (C,) or C & (C - 1) or C < 4
             or cos.shape != (T, nr // 2) or sin.shape != cos.shape or not 0 < nr <= C or post not in ("none", "fp8")
             or (post == "fp8" and not 0 < n_nope <= C)):
-        raise ValueError(f"kv_row_triton: expected float32 kva [T <= {MAX_T}, d] (d a power of two), norm [d], cos, "
+        raise ValueError(f"kv_row_triton: expected float32 kva [T >= 1, d] (d a power of two), norm [d], cos, "
                          f"sin [T, n_rot/2] with n_rot <= d, post 'none' or 'fp8'; got kva {kva.dtype} "
                          f"{list(kva.shape)}, norm {list(norm.shape)}, cos {list(cos.shape)}, post {post!r}, "
                          f"n_nope {n_nope}")
@@ -176,15 +176,15 @@ def _compress_emit(kv_ptr, kv_stride, sc_ptr, sc_stride, skv_ptr, ssc_ptr, start
 def compress_emit_triton(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
                          start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str,
                          n_nope: int, eps: float) -> torch.Tensor:
-    """model/attention.py emit_rows for float32 rows of up to MAX_T tokens; c (norm's width) a power of two >= 4."""
+    """model/attention.py emit_rows for float32 rows; c (norm's width) a power of two >= 4."""
     T, W = kv.shape
     C, nr = norm.shape[0], 2 * freq.shape[0]
     coff = W // C if C else 0
-    if (kv.dtype != torch.float32 or score.shape != kv.shape or not 0 < T <= MAX_T or coff not in (1, 2)
+    if (kv.dtype != torch.float32 or score.shape != kv.shape or T < 1 or coff not in (1, 2)
             or W != coff * C or C & (C - 1) or C < 4 or state_kv.shape != (coff * ratio, W)
             or state_score.shape != state_kv.shape or not 0 < nr <= C or post not in POSTS
             or (post == "fp8" and not 0 < n_nope <= C)):
-        raise ValueError(f"compress_emit_triton: expected float32 kv, score [T <= {MAX_T}, coff*c] (coff 1 or 2, c a "
+        raise ValueError(f"compress_emit_triton: expected float32 kv, score [T >= 1, coff*c] (coff 1 or 2, c a "
                          f"power of two), state [coff*ratio, coff*c], n_rot <= c, post in {POSTS}; got kv "
                          f"{kv.dtype} {list(kv.shape)}, score {list(score.shape)}, state {list(state_kv.shape)}, "
                          f"c {C}, n_rot {nr}, ratio {ratio}, post {post!r}, n_nope {n_nope}")

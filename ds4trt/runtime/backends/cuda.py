@@ -13,9 +13,9 @@ relative): a Q8_0 weight made float16 one at a time by one kernel from its block
 of traffic per weight value, no float32 copy), an F16 one as it is.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
 two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
-two (attn_triton), the indexer's scores as one (index_triton), the raw KV row and each compressor's rows as one each
-(rows_triton); in every step the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries
-(qat_triton, bitwise PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
+two (attn_triton), the indexer's scores as one (index_triton); in every step the raw KV row and each compressor's rows
+(rows_triton), the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
+PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
 too (attend_long_triton, or attend_top_triton over each query's own top rows once the indexer runs,
 index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
@@ -46,7 +46,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, emit_rows, kv_row, top_rows
+from ds4trt.model.attention import Attention, Compressor, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route, swiglu
@@ -225,14 +225,6 @@ def _(kva, norm, cos, sin, eps, post, n_nope):
     return kva.new_empty(kva.shape)
 
 
-def kv_row_kernel(kva, norm, cos, sin, eps: float, post: str, n_nope: int):
-    """model/attention.py kv_row on this backend: one kernel for steps of up to rows_triton.MAX_T tokens, else the
-    PyTorch version (prefill chunks)."""
-    if kva.shape[0] <= rows_triton.MAX_T:
-        return kv_row_op(kva, norm, cos, sin, eps, post, n_nope)
-    return kv_row(kva, norm, cos, sin, eps, post, n_nope)
-
-
 @torch.library.custom_op("ds4trt::compress_emit", mutates_args=())
 def compress_emit_op(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tensor, state_score: torch.Tensor,
                      start: torch.Tensor, norm: torch.Tensor, freq: torch.Tensor, ratio: int, post: str, n_nope: int,
@@ -244,15 +236,6 @@ def compress_emit_op(kv: torch.Tensor, score: torch.Tensor, state_kv: torch.Tens
 @compress_emit_op.register_fake
 def _(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps):
     return kv.new_empty(kv.shape[0], norm.shape[0])
-
-
-def emit_rows_kernel(kv, score, state_kv, state_score, start, norm, freq, ratio: int, post: str, n_nope: int,
-                     eps: float):
-    """model/attention.py emit_rows on this backend: one kernel for steps of up to rows_triton.MAX_T tokens
-    (decode, verify, draft), else the PyTorch version (prefill chunks)."""
-    if kv.shape[0] <= rows_triton.MAX_T:
-        return compress_emit_op(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
-    return emit_rows(kv, score, state_kv, state_score, start, norm, freq, ratio, post, n_nope, eps)
 
 
 @torch.library.custom_op("ds4trt::head_norm_rope", mutates_args=())
@@ -476,10 +459,10 @@ class ExpertsAndShared:
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k, the router's
-    choice and the cache rows of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel,
-    top_rows_kernel, route_kernel, kv_row_kernel, emit_rows_kernel), and so do every step's query norm and RoPE and
-    indexer query rounding (head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
+    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the router's
+    choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
+    route_kernel), and so do every step's cache rows, query norm and RoPE and indexer query rounding (kv_row_op,
+    compress_emit_op, head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
     stream update (attend_kernel, attend_top_kernel, index_score_kernel, hc_combine); the projections of one input
     become one launch per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the
     shared expert's gate + up), and in one-token steps the shared expert's down product joins the routed experts'
@@ -495,12 +478,12 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
             m.head_norm_rope = head_norm_rope_kernel
-            m.kv_row = kv_row_kernel
+            m.kv_row = kv_row_op
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
                 m.qat = qat_kernel
         if isinstance(m, Compressor):
-            m.emit_rows = emit_rows_kernel
+            m.emit_rows = compress_emit_op
         if isinstance(m, FeedForward):
             m.group = LinearGroup((m.sh_gate, m.sh_up))
             m.route = route_kernel
