@@ -1,7 +1,6 @@
-"""The router's expert choice of a decode or verify step in Triton (model/moe.py route, biased top-k layers):
+"""The router's expert choice in Triton (model/moe.py route, biased top-k layers), for steps and prefill chunks alike:
 
-    route_triton(logits [T, E] f32, bias [E] f32, k, scale, floor) -> ids [T, k] int64, weights [T, k] f32,
-        T <= MAX_T
+    route_triton(logits [T, E] f32, bias [E] f32, k, scale, floor) -> ids [T, k] int64, weights [T, k] f32
 
 One launch, one program per token row: probs = sqrt(softplus(logits)) for all E experts in registers, then k
 rounds of "the largest probs + bias, the lowest id among equal ones" (what route's stable descending sort keeps
@@ -18,9 +17,6 @@ import triton
 import triton.language as tl
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
-
-MAX_T = 16       # route_triton's row limit (decode and verify steps)
-
 
 @triton.jit
 def _route_rows(x_ptr, b_ptr, ids_ptr, w_ptr, scale, floor, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
@@ -53,11 +49,11 @@ def _route_rows(x_ptr, b_ptr, ids_ptr, w_ptr, scale, floor, E: tl.constexpr, EP:
 
 def route_triton(logits: torch.Tensor, bias: torch.Tensor, k: int, scale: float,
                  floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """model/moe.py route for a biased layer: float32 logits [T, E] (T <= MAX_T), bias [E] -> ids [T, k] int64,
-    weights [T, k] float32 (floor: route's WEIGHT_SUM_FLOOR)."""
+    """model/moe.py route for a biased layer: float32 logits [T, E], bias [E] -> ids [T, k] int64, weights [T, k]
+    float32 (floor: route's WEIGHT_SUM_FLOOR)."""
     T, E = logits.shape
-    if not 1 <= T <= MAX_T or not 1 <= k <= E or logits.dtype != torch.float32 or bias.shape != (E,):
-        raise ValueError(f"route_triton: expected float32 logits [1..{MAX_T}, E], bias [E] and 1 <= k <= E, got "
+    if T < 1 or not 1 <= k <= E or logits.dtype != torch.float32 or bias.shape != (E,):
+        raise ValueError(f"route_triton: expected float32 logits [T >= 1, E], bias [E] and 1 <= k <= E, got "
                          f"logits {logits.dtype} {list(logits.shape)}, bias {list(bias.shape)}, k {k}")
     ids = torch.empty(T, k, dtype=torch.int64, device=logits.device)
     w = torch.empty(T, k, dtype=torch.float32, device=logits.device)

@@ -207,9 +207,9 @@ def _(logits, bias, k, scale):
 
 
 def route_kernel(logits, bias, tid2eid, tokens, k: int, scale: float):
-    """model/moe.py route on this backend: one kernel for the biased layers' steps of up to route_triton.MAX_T
-    tokens, else the PyTorch version (hash layers, prefill chunks)."""
-    if tid2eid is None and bias is not None and logits.shape[0] <= route_triton.MAX_T:
+    """model/moe.py route on this backend: one kernel for the biased layers' steps and prefill chunks, else the
+    PyTorch version (hash layers)."""
+    if tid2eid is None and bias is not None:
         return route_op(logits, bias, k, scale)
     return route(logits, bias, tid2eid, tokens, k, scale)
 
@@ -459,9 +459,9 @@ class ExpertsAndShared:
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k and the router's
-    choice of short steps become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel,
-    route_kernel), and so do every step's cache rows, query norm and RoPE and indexer query rounding (kv_row_op,
+    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k of short steps
+    become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel), and so do every step's router
+    choice (biased layers), cache rows, query norm and RoPE and indexer query rounding (route_kernel, kv_row_op,
     compress_emit_op, head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
     stream update (attend_kernel, attend_top_kernel, index_score_kernel, hc_combine); the projections of one input
     become one launch per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the
