@@ -1,6 +1,6 @@
-"""The indexer's top-k compressed rows of a decode or verify step in Triton (model/attention.py top_rows):
+"""The indexer's top-k compressed rows of a step or prefill chunk in Triton (model/attention.py top_rows):
 
-    top_rows_triton(score [T, N] f32, k) -> [T, k] int64, T <= MAX_T, k <= N <= MAX_N
+    top_rows_triton(score [T, N] f32, k) -> [T, k] int64, k <= N <= MAX_N
         the columns of each row's k largest scores, equal scores taken lowest column first (the set of a stable
         descending sort's first k), in ascending column order.
 
@@ -25,7 +25,6 @@ import triton.language as tl
 
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 
-MAX_T = 16       # top_rows_triton's row limit (decode and verify steps)
 MAX_N = 16384    # scores per row held in one program's registers (8 warps: 64 per thread)
 
 
@@ -52,16 +51,16 @@ def _top_rows(s_ptr, out_ptr, N, K: tl.constexpr, NP: tl.constexpr, PDL: tl.cons
     need = K - tl.sum(above.to(tl.int32), axis=0)
     take = above | (at & (tl.cumsum(at.to(tl.int32), axis=0) <= need))
     slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    tl.store(out_ptr + t * K + slot, col.to(tl.int64), mask=take)
+    tl.store(out_ptr + t.to(tl.int64) * K + slot, col.to(tl.int64), mask=take)
 
 
 def top_rows_triton(score: torch.Tensor, k: int, warps: int | None = None) -> torch.Tensor:
-    """model/attention.py top_rows for float32 score [T, N] (T <= MAX_T, k <= N <= MAX_N) -> [T, k] int64.
+    """model/attention.py top_rows for float32 score [T, N] (k <= N <= MAX_N) -> [T, k] int64.
     warps: the program's warps, overriding the default (sweeps; each of the 32 rounds ends in a reduction over
     the row, across warps when there are several)."""
     T, N = score.shape
-    if not 1 <= T <= MAX_T or not 1 <= k <= N <= MAX_N or score.dtype != torch.float32:
-        raise ValueError(f"top_rows_triton: expected float32 score [1..{MAX_T}, N] and 1 <= k <= N <= {MAX_N}, got "
+    if T < 1 or not 1 <= k <= N <= MAX_N or score.dtype != torch.float32:
+        raise ValueError(f"top_rows_triton: expected float32 score [T >= 1, N] and 1 <= k <= N <= {MAX_N}, got "
                          f"{score.dtype} {list(score.shape)}, k {k}")
     out = torch.empty(T, k, dtype=torch.int64, device=score.device)
     NP = triton.next_power_of_2(N)

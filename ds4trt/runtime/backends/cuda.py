@@ -188,9 +188,9 @@ def _(score, k):
 
 
 def top_rows_kernel(score, k: int):
-    """model/attention.py top_rows on this backend: one kernel for the indexer's steps of up to topk_triton.MAX_T
-    rows over at most topk_triton.MAX_N compressed rows, else the sort (prefill chunks, longer caches)."""
-    if score.shape[0] <= topk_triton.MAX_T and score.shape[1] <= topk_triton.MAX_N:
+    """model/attention.py top_rows on this backend: one kernel for the indexer's steps and prefill chunks over at most
+    topk_triton.MAX_N compressed rows, else the sort (longer caches)."""
+    if score.shape[1] <= topk_triton.MAX_N:
         return top_rows_op(score, k)
     return top_rows(score, k)
 
@@ -459,10 +459,10 @@ class ExpertsAndShared:
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """model.to(device), plus the float64 RoPE frequency tables (plain attributes, kept float64 on purpose);
-    the hyper-connections' reduction of the streams, and the attention, the indexer's scores and top-k of short steps
-    become kernels (hc_reduce, attend_kernel, index_score_kernel, top_rows_kernel), and so do every step's router
-    choice (biased layers), cache rows, query norm and RoPE and indexer query rounding (route_kernel, kv_row_op,
-    compress_emit_op, head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
+    the hyper-connections' reduction of the streams, and the attention and the indexer's scores of short steps become
+    kernels (hc_reduce, attend_kernel, index_score_kernel), and so do every step's indexer top-k, router choice
+    (biased layers), cache rows, query norm and RoPE and indexer query rounding (top_rows_kernel, route_kernel,
+    kv_row_op, compress_emit_op, head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
     stream update (attend_kernel, attend_top_kernel, index_score_kernel, hc_combine); the projections of one input
     become one launch per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the
     shared expert's gate + up), and in one-token steps the shared expert's down product joins the routed experts'
