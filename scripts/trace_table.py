@@ -3,6 +3,7 @@
 
     python3 scripts/trace_table.py base.tsv new.tsv [...] [--min-us 20] [--by-name]
     python3 scripts/trace_table.py --ends base.tsv.timeline new.tsv.timeline [...]
+    python3 scripts/trace_table.py --ends --launches FILE.timeline      (each launch's share, in launch order)
 
 One row per kernel (Inductor's generated `triton_*` kernels as one row, PyTorch's own kernels and copies by the start
 of their name), one column per trace: total µs in the step / number of launches; then each trace's total. Rows
@@ -47,10 +48,9 @@ def load(path: str, by_name: bool) -> tuple[dict[str, float], collections.Counte
     return total, count
 
 
-def load_ends(path: str, by_name: bool) -> tuple[dict[str, float], collections.Counter]:
-    """A timeline file (start µs <tab> µs <tab> kernel name per line) -> (summed shares µs, launches) per row name,
-    the idle gaps as the row "(idle)"."""
-    total, count = collections.defaultdict(float), collections.Counter()
+def shares(path: str, by_name: bool) -> list[tuple[str, float]]:
+    """A timeline file (start µs <tab> µs <tab> kernel name per line) -> (row name, share µs) of each kernel in start
+    order, an idle gap before a kernel as ("(idle)", gap)."""
     kernels = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -61,14 +61,22 @@ def load_ends(path: str, by_name: bool) -> tuple[dict[str, float], collections.C
                 sys.exit(f"trace_table: {path} line {n}: expected 'start<tab>microseconds<tab>kernel name', "
                          f"got {line.rstrip()[:60]!r}")
     kernels.sort()
+    out = []
     done = kernels[0][0] if kernels else 0.0         # the latest end so far
     for start, us, name in kernels:
         if start > done:
-            total["(idle)"] += start - done
-            count["(idle)"] += 1
-        total[name] += max(0.0, start + us - max(start, done))
-        count[name] += 1
+            out.append(("(idle)", start - done))
+        out.append((name, max(0.0, start + us - max(start, done))))
         done = max(done, start + us)
+    return out
+
+
+def load_ends(path: str, by_name: bool) -> tuple[dict[str, float], collections.Counter]:
+    """A timeline file -> (summed shares µs, launches) per row name, the idle gaps as the row "(idle)"."""
+    total, count = collections.defaultdict(float), collections.Counter()
+    for name, us in shares(path, by_name):
+        total[name] += us
+        count[name] += 1
     return total, count
 
 
@@ -78,10 +86,18 @@ def main() -> None:
     ap.add_argument("--min-us", type=float, default=20.0)
     ap.add_argument("--by-name", action="store_true")
     ap.add_argument("--ends", action="store_true", help="timeline files: each kernel's share of the step's span")
+    ap.add_argument("--launches", action="store_true",
+                    help="with --ends: each launch's share in launch order (one timeline file), not the sums")
     args = ap.parse_args()
     for p in args.traces:
         if not os.path.isfile(p):
             sys.exit(f"trace_table: {p}: no such file")
+    if args.launches:
+        if not args.ends or len(args.traces) != 1:
+            sys.exit("trace_table: --launches takes --ends and one timeline file")
+        for name, us in shares(args.traces[0], True):
+            print(f"{us:9.1f}  {name[:80]}")
+        return
     runs = [(load_ends if args.ends else load)(p, args.by_name) for p in args.traces]
     names = sorted({k for t, _ in runs for k in t}, key=lambda k: -max(t.get(k, 0.0) for t, _ in runs))
     heads = [os.path.splitext(os.path.basename(p))[0] for p in args.traces]

@@ -606,7 +606,7 @@ def test_compress_emit_vs_float64(case):
 
 @pytest.mark.parametrize("shape", [(512, 64, 448), (64, 16, 48)], ids=lambda s: "x".join(map(str, s)))
 def test_kv_row_vs_float64(shape):
-    """The raw KV row of short steps (rows_triton) against model/attention.py kv_row: unrounded rows against float64
+    """The raw KV row (rows_triton) against model/attention.py kv_row: unrounded rows against float64
     within TOL; the "fp8" rows bit for bit kv_row's rounding (FP8, then f16) of the kernel's own unrounded rows. Fresh
     rows at magnitudes 1e-3 .. 1e3, norm weights 1e-7 .. 10, angles of positions up to 1e5; Flash's row and the tiny
     model's (a 48-dim FP8 part: a shorter last block); steps of 1..16 tokens and a prefill chunk of 300; kva a column

@@ -69,7 +69,8 @@ def test_trace_table_sums_kernels_per_trace(tmp_path):
 def test_trace_table_ends_gives_each_kernel_its_share_of_the_span(tmp_path):
     """scripts/trace_table.py --ends on a timeline: a kernel that starts before the previous one ends (programmatic
     dependent launch) counts only past that end, one inside another counts nothing, idle gaps are their own row,
-    and the shares add up to the span; a line without three fields is one clear error."""
+    and the shares add up to the span; a line without three fields is one clear error; --launches lists each launch's
+    share in launch order."""
     import subprocess
     import sys
     from pathlib import Path
@@ -90,6 +91,13 @@ def test_trace_table_ends_gives_each_kernel_its_share_of_the_span(tmp_path):
     out = subprocess.run([sys.executable, script, "--ends", str(tmp_path / "bad.timeline")], capture_output=True,
                          text=True)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.timeline line 1" in out.stderr
+    out = subprocess.run([sys.executable, script, "--ends", "--launches", str(t)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert [line.split() for line in out.stdout.splitlines()] == [
+        ["10.0", "_attend_part"], ["5.0", "_attend_join"], ["5.0", "(idle)"], ["2.0", "_kv_row"],
+        ["0.0", "triton_poi_fused_1"]]                  # launch order, each Inductor kernel by its own name
+    out = subprocess.run([sys.executable, script, "--launches", str(t)], capture_output=True, text=True)
+    assert out.returncode != 0 and "--launches takes --ends" in out.stderr
 
 
 SASS_TWO_LOOPS = """
