@@ -262,19 +262,53 @@ def test_moe_long_calls(mix, cap, parts):
 
 
 def test_long_launch_picks_the_cheaper_items():
-    """Prefill routing of 2048 tokens x 6 slots over 256 experts: uniform (~48 pairs each) packs into items of 64;
-    skewed (a few experts with hundreds of pairs, most with a handful) into items of 32, which waste less on the small
-    experts; one-pair experts count for neither. With a Q4_K matrix: two activation parts (LONG_CONFIGS_Q4)."""
-    rng = np.random.default_rng(7)
-    uniform = np.bincount(np.stack([rng.permutation(256)[:6] for _ in range(2048)]).ravel(), minlength=256)
-    assert moe_triton.long_launch(uniform.tolist(), MIXES["iq2_iq2_q2k"]) == moe_triton.LONG_CONFIGS[64]
-    skew = 1.0 / np.arange(1, 257) ** 0.8
-    picks = np.stack([rng.choice(256, 6, replace=False, p=skew / skew.sum()) for _ in range(2048)])
-    skewed = np.bincount(picks.ravel(), minlength=256)
-    assert moe_triton.long_launch(skewed.tolist(), MIXES["iq2_iq2_q2k"]) == moe_triton.LONG_CONFIGS[32]
-    assert moe_triton.long_launch(skewed.tolist(), MIXES["q4k"]) == moe_triton.LONG_CONFIGS_Q4[32]  # two parts
-    assert moe_triton.long_launch([1] * 256 + [33], MIXES["q2k"])[0] == 64          # 1 item of 64, not 2 of 32
-    assert moe_triton.long_launch([1] * 256 + [20, 20, 20], MIXES["q2k"])[0] == 32
+    """A prefill chunk's CAP from its length alone (the routing stays on the device): with moe_mma's kernels (mma)
+    CAP 32 at any length; else, 2048 tokens x 6 slots over 256 experts (~48 pairs each) pack into items of 64 and
+    1024 tokens (~24) into items of 32. With a Q4_K matrix: two activation parts (LONG_CONFIGS_Q4)."""
+    q2, q4 = MIXES["iq2_iq2_q2k"], MIXES["q4k"]
+    for T in (17, 1024, 2048, 4096):
+        assert moe_triton.long_launch(6 * T, 256, q2, mma=True) == moe_triton.LONG_CONFIGS[32]
+    assert moe_triton.long_launch(6 * 2048, 256, q2, mma=False) == moe_triton.LONG_CONFIGS[64]
+    assert moe_triton.long_launch(6 * 1024, 256, q2, mma=False) == moe_triton.LONG_CONFIGS[32]
+    assert moe_triton.long_launch(6 * 2048, 256, q4, mma=False) == moe_triton.LONG_CONFIGS_Q4[64]     # two parts
+    assert moe_triton.long_launch(6 * 1024, 256, q4, mma=False) == moe_triton.LONG_CONFIGS_Q4[32]
+
+
+@pytest.mark.parametrize("case", ["uniform", "skewed", "one expert", "all singles", "tiny"])
+@pytest.mark.parametrize("cap", [32, 64])
+def test_long_items_lists_every_item_on_the_device(case, cap):
+    """_long_items against a plain listing: order is the stable sort by expert, cnt[s] the pairs (up to cap) of the
+    item starting at sorted position s (0 elsewhere and at P), and the one-pair / multi-pair lists are those starts in
+    order, padded with P to their fixed lengths (which must hold every item: no item lost in any routing)."""
+    rng = np.random.default_rng(_seed("long items " + case, cap))
+    E = 256
+    P = {"uniform": 2048 * 6, "skewed": 2048 * 6, "one expert": 300, "all singles": 200, "tiny": 17}[case]
+    if case == "uniform":
+        ids = np.concatenate([rng.permutation(E)[:6] for _ in range(P // 6)])
+    elif case == "skewed":
+        skew = 1.0 / np.arange(1, E + 1) ** 0.8
+        ids = rng.choice(E, P, p=skew / skew.sum())
+    elif case == "one expert":
+        ids = np.full(P, 7)
+    elif case == "all singles":
+        ids = rng.permutation(E)[:P]
+    else:
+        ids = rng.integers(0, 3, P)
+    order, cnt, singles, multis = moe_triton._long_items(torch.from_numpy(ids.astype(np.int64)), E, cap)
+    assert np.array_equal(order.numpy(), np.argsort(ids, kind="stable"))
+    want = np.zeros(P + 1, np.int64)
+    s = 0
+    for e in range(E):
+        n = int((ids == e).sum())
+        for first in range(0, n, cap):
+            want[s + first] = min(cap, n - first)
+        s += n
+    assert np.array_equal(cnt.numpy(), want)
+    for got, mask, bound in ((singles, want[:P] == 1, min(E, P)),
+                             (multis, want[:P] >= 2, min(P // 2, P // cap + min(E, P // 2)))):
+        starts = np.flatnonzero(mask)
+        assert got.dtype == torch.int32 and got.numel() == bound >= starts.size
+        assert np.array_equal(got.numpy(), np.concatenate([starts, np.full(bound - starts.size, P)]))
 
 
 def _flash_experts(types, seed, E=256, F=2048, D=4096, pool=8):

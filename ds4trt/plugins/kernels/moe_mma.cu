@@ -5,8 +5,9 @@
 //   y[pair, rows] = down_e h[pair]
 //
 // Items as moe_triton._long_items lists them: starts[i] is the sorted position of item i, its pairs order[start ..
-// start + cnt[start]) (2..CAP pairs of one expert). Grid (items, F / ROWS); a program serves one item and ROWS rows of
-// F, each warp 16 rows of gate and the same 16 of up, for all pairs of the item at once (CAP = 8 NT columns).
+// start + cnt[start]) (2..CAP pairs of one expert; a start whose cnt is below 2 pads the list: its programs
+// return). Grid (items, F / ROWS); a program serves one item and ROWS rows of F, each warp 16 rows of gate and the
+// same 16 of up, for all pairs of the item at once (CAP = 8 NT columns).
 //
 // x: split_runs' hi parts (float16 of x * scale per 256-value chunk, scale a power of two) and inv = 1 / scale. Each
 // chunk's values of the item's tokens are copied into shared memory (cp.async, the next chunk's while this one's
@@ -231,6 +232,8 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int item = starts[blockIdx.x], n = cnt[item], nsb = D / 256;
+    if (n < 2)                                                  // past the list's items (moe_triton._long_items)
+        return;
     const long long row_bytes = (long long)nsb * IQ2_BYTES;
     const long long e = ids[order[item]];
     const int row0 = blockIdx.y * ROWS + warp * 16;             // this warp's 16 rows
@@ -328,6 +331,8 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int item = starts[blockIdx.x], n = cnt[item], nsb = F / 256;
+    if (n < 2)                                                  // past the list's items
+        return;
     const long long row_bytes = (long long)nsb * Q2K_BYTES;
     const long long e = ids[order[item]];
     const int row0 = blockIdx.y * ROWS + warp * 16;

@@ -135,9 +135,10 @@ def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: 
                cnt: torch.Tensor, starts: torch.Tensor, gate_blocks: torch.Tensor, up_blocks: torch.Tensor,
                h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
     """hi float16 [R, D], inv float32 [R, D / 256] (split_runs of the tokens' x); ids int64 [P] (each pair's expert),
-    weights float32 [P]; order, cnt int32 [P] and starts int32 [items] (moe_triton._long_items: items of 2..cap pairs);
-    gate_blocks, up_blocks uint8 [E, F, D / 256 * 66] IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs
-    written. Arguments are trusted (moe_forward checked them), apart from the shapes this kernel depends on."""
+    weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32 [items] (moe_triton._long_items: items
+    of 2..cap pairs; a program whose start has cnt < 2 returns); gate_blocks, up_blocks uint8 [E, F, D / 256 * 66]
+    IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written. Arguments are trusted (moe_forward checked
+    them), apart from the shapes this kernel depends on."""
     R, D = hi.shape
     E, F, row_bytes = gate_blocks.shape
     warps = WARPS[cap]

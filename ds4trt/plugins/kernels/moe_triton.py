@@ -22,8 +22,10 @@ synchronization, so a CUDA graph can capture a call:
   4. out[t] = sum over slots of y[t*k + slot]   (torch; a fixed order, so the result is deterministic)
 
 T > 16 (prefill chunks): the same kernels, but the items are made by torch (_long_items: a stable sort by expert)
-with up to 32 or 64 pairs each (long_launch) and listed, so each program serves one listed item (COMPACT) and an
-expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. The multi-pair items of
+with up to 32 or 64 pairs each (long_launch) and listed on the device, so each program serves one listed item
+(COMPACT) and an expert's blocks are read once per 32 or 64 of its tokens instead of once per 16-token slice. The
+lists are padded to their longest possible length (programs past an item list's end find no item and return), so
+nothing waits on the host: the host runs ahead into the next layer while the experts compute. The multi-pair items of
 an IQ2_XXS gate/up and of a Q2_K down (one activation part) go to moe_mma's CUDA C++ kernels instead where they run
 (measured faster: moe_mma.py; DS4_MOE_MMA=0 keeps these).
 
@@ -164,12 +166,19 @@ def one_pair_config(T: int) -> dict[int, tuple]:
     return {**SINGLE_CONFIG, **short}
 
 
-def long_launch(counts: list[int], types: tuple[int, ...]) -> tuple[int, int, int, int, int]:
-    """(CAP, rows, warps, stages, activation parts) of a long call of gate / up / down `types` whose experts have
-    counts[e] (token, slot) pairs: the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K matrix) whose multi-pair items
-    (ceil(n / CAP) per expert of n >= 2 pairs) cost least."""
-    cost = {cap: LONG_ITEM_COST[cap] * sum(-(-n // cap) for n in counts if n >= 2) for cap in LONG_CONFIGS}
-    return (LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS)[min(cost, key=cost.get)]
+def long_launch(pairs: int, experts: int, types: tuple[int, ...], mma: bool) -> tuple[int, int, int, int, int]:
+    """(CAP, rows, warps, stages, activation parts) of a long call of `pairs` (token, slot) pairs over `experts`
+    experts, gate / up / down `types`, chosen before the routing is on the host (a long call lists its items on the
+    device, _long_items): with moe_mma's kernels (mma: they take the call's q2 gate/up at CAP 32) CAP 32, whose items
+    cost at most half of CAP 64's at every length measured; else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K
+    matrix) whose multi-pair items would cost least with the pairs spread evenly (ceil(n / CAP) items per expert of n
+    = ceil(pairs / experts))."""
+    configs = LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS
+    if mma:
+        return configs[32]
+    n = -(-pairs // experts)
+    cost = {cap: LONG_ITEM_COST[cap] * -(-n // cap) for cap in configs}
+    return configs[min(cost, key=cost.get)]
 
 
 @functools.cache
@@ -1113,18 +1122,28 @@ class MoEWorkspace:
                    torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
 
 
-def _long_items(ids: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, ...]:
-    """The items of a long call, built with torch and listed (the listing synchronizes with the host: long calls are
-    prefill chunks, never captured). ids: int64 [P] pair -> expert; counts: int64 [E], the pairs of each expert.
-    Returns order, cnt (as _moe_prepare makes them, items of up to `cap` pairs) and the sorted positions where
-    one-pair and multi-pair items start, int32."""
+def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
+    """The items of a long call, built and listed by torch on the device (no host synchronization: the lists are
+    padded to their largest possible lengths). ids: int64 [P] pair -> expert in [0, E). Returns order int32 [P] and
+    cnt int32 [P + 1] as _moe_prepare makes them (items of up to `cap` pairs; cnt[P] = 0), and the sorted positions
+    where one-pair items start (int32 [min(E, P)]: at most one an expert, its n % cap == 1) and where multi-pair items
+    start (int32 [min(P // 2, P // cap + min(E, P // 2))]: at most n / cap + 1 an expert of n >= 2 pairs, each of 2 or
+    more pairs), in order, the rest of each list P: a position whose cnt is 0, which the kernels skip."""
     P = ids.numel()
+    counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
     order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
     e = ids[order]
     rank = torch.arange(P, device=ids.device) - (torch.cumsum(counts, 0) - counts)[e]   # pairs of e before it
     cnt = torch.where(rank % cap == 0, torch.clamp(counts[e] - rank, max=cap), 0)
-    listed = lambda m: m.nonzero().flatten().to(torch.int32)                # noqa: E731
-    return order.to(torch.int32), cnt.to(torch.int32), listed(cnt == 1), listed(cnt >= 2)
+    cnt = torch.cat([cnt, cnt.new_zeros(1)]).to(torch.int32)
+    positions = torch.arange(P, dtype=torch.int32, device=ids.device)
+
+    def listed(mask: torch.Tensor, bound: int) -> torch.Tensor:             # positions where mask, padded with P
+        out = torch.full((bound + 1,), P, dtype=torch.int32, device=ids.device)
+        return out.scatter_(0, torch.where(mask, torch.cumsum(mask, 0) - 1, bound), positions)[:bound]
+
+    return (order.to(torch.int32), cnt, listed(cnt[:P] == 1, min(E, P)),
+            listed(cnt[:P] >= 2, min(P // 2, P // cap + min(E, P // 2))))
 
 
 def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
@@ -1141,8 +1160,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     caller to sum, as the CUDA backend does where torch.compile fuses that sum into the glue after it.
     ids must lie in [0, E): they are not checked here (that would need a host synchronization); the router
     guarantees it.
-    T <= 16 (decode, verify): no host synchronization, so a CUDA graph can capture the call. T > 16 (prefill
-    chunks): the items are listed on the host side (_long_items) and hold up to CAP pairs (long_launch).
+    No host synchronization at any T. T <= 16 (decode, verify): a CUDA graph can capture the call. T > 16 (prefill
+    chunks): torch lists the items on the device (_long_items), of up to CAP pairs (long_launch).
     single_config: {ggml type: (rows per program, warps, register cap or None, prefetch)} entries overriding
     one_pair_config(T); multi_config: (rows per program, warps) of the multi-pair kernels of short calls;
     long_config: (CAP, rows per program, warps, stages, activation parts) of those of long calls, overriding
@@ -1173,8 +1192,9 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     long = T > CAP
     if long:
         flat_ids = ids.reshape(-1).long()
-        counts = torch.bincount(flat_ids, minlength=gate_blocks.shape[0])
-        cap, mbr, mwarps, mstages, parts = long_config or long_launch(counts.tolist(), (gate_type, up_type, down_type))
+        mma = moe_mma.use_gateup(gate_type, up_type, LONG_CONFIGS[32][4], F, 32, device)
+        cap, mbr, mwarps, mstages, parts = long_config or long_launch(flat_ids.numel(), gate_blocks.shape[0],
+                                                                      (gate_type, up_type, down_type), mma)
     else:
         cap, mbr, mwarps, mstages, parts = CAP, *multi_config, None, 2
     if F % gbr or D % dbr or F % mbr or D % mbr:
@@ -1200,22 +1220,21 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers: one _moe_prepare program per block of a token
     quant_programs = T * (D // QK) if IQ2_XXS in (gate_type, up_type) else 0
     if long:
-        order, cnt, singles, multis = _long_items(flat_ids, counts, cap)
-        ws.order.copy_(order)
-        ws.cnt.copy_(cnt)
+        order, cnt, singles, multis = _long_items(flat_ids, gate_blocks.shape[0], cap)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:
-            _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
+            _moe_prepare[(1 + quant_programs,)](ids, order, cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
                                                 num_warps=4, **pdl)
     else:
         pairs_only = T < MULTI_MIN           # item cap 1 (so also when a token lists an expert twice)
         _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
                                             MIN_PAIRS=MULTI_MIN, PB=max(16, triton.next_power_of_2(P)), D=D,
                                             num_warps=4, **pdl)
-        n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, ws.cnt, ws.cnt   # starts: unused
-    gu_args = (v, ids, weights, ws.order, ws.cnt)
+        order, cnt = ws.order, ws.cnt
+        n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, cnt, cnt   # starts: unused
+    gu_args = (v, ids, weights, order, cnt)
     gu_rest = (k, F, ge, ue, float(clamp))
-    dn_args = (ws.h, ids, ws.order, ws.cnt)
+    dn_args = (ws.h, ids, order, cnt)
     dn_rest = (down_blocks, ws.y, grid_tab, ksigns_tab, D, de)
     if n_single:
         _moe_gateup_single[(n_single, F // gbr)](*gu_args, s_starts, gate_blocks, up_blocks, ws.h, grid_tab, ksigns_tab,
@@ -1226,8 +1245,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi and long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device):
         hi, _, _, _, inv = split_runs(v)
-        moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), ws.order, ws.cnt, m_starts, gate_blocks, up_blocks,
-                           ws.h, k, clamp, cap)
+        moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks, ws.h,
+                           k, clamp, cap)
     elif n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
@@ -1245,7 +1264,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        **({"maxnreg": dreg} if dreg else {}))
     if n_multi and long and moe_mma.use_down(down_type, parts, D, cap, device):
         hh, _, hsh, hsl, hinv = split_runs(ws.h)
-        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, ws.order, ws.cnt, m_starts, down_blocks, ws.y, cap)
+        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
     elif n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
