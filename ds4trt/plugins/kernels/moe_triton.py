@@ -169,10 +169,10 @@ def one_pair_config(T: int) -> dict[int, tuple]:
 def long_launch(pairs: int, experts: int, types: tuple[int, ...], mma: bool) -> tuple[int, int, int, int, int]:
     """(CAP, rows, warps, stages, activation parts) of a long call of `pairs` (token, slot) pairs over `experts`
     experts, gate / up / down `types`, chosen before the routing is on the host (a long call lists its items on the
-    device, _long_items): with moe_mma's kernels (mma: they take the call's q2 gate/up at CAP 32) CAP 32, whose items
-    cost at most half of CAP 64's at every length measured; else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K
-    matrix) whose multi-pair items would cost least with the pairs spread evenly (ceil(n / CAP) items per expert of n
-    = ceil(pairs / experts))."""
+    device, _long_items): with moe_mma's kernels (mma: they take the call's q2 gate/up at CAP 32) CAP 32, faster at
+    every length measured (a CAP 64 item cost 1.5x a CAP 32 one at 1024 tokens, 2.0x at 2048: BENCHMARKS.md, the
+    forty-sixth session); else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K matrix) whose multi-pair items
+    would cost least with the pairs spread evenly (ceil(n / CAP) items per expert of n = ceil(pairs / experts))."""
     configs = LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS
     if mma:
         return configs[32]
