@@ -3,15 +3,15 @@ the host queues the next layers' launches while the routed experts compute (a 20
 H100: 325.8 -> 301.4 ms once the MoE's item listing stopped reading the routing, BENCHMARKS.md, the forty-sixth
 session).
 
-How: while the tiny model prefills one 22-token chunk (a long call: more than 16 tokens) on the kernel path, every
-Python-level read of a tensor's values (item, tolist, bool / int / float / index conversion, nonzero, numpy, cpu,
-indexing by a bool mask, and torch's nonzero / unique / bincount / masked_select / repeat_interleave, which size
-their outputs from the values) made by ds4trt code is recorded with its file and line; reads made inside Triton's
-interpreter (its own bookkeeping on CPU tensors) are not ds4trt's and are left out. What this cannot see: a
-synchronization inside a C++ op not listed here. A control run first makes sure the recorder sees a read placed in
-the MoE's item listing.
+How: while the tiny model prefills two 22-token chunks (long calls: more than 16 tokens; in the second the ratio-4
+layer's indexer picks each query's top rows of the first's cache) on the kernel path, every Python-level read of a
+tensor's values (item, tolist, bool / int / float / index conversion, nonzero, numpy, cpu, indexing by a bool mask,
+and torch's nonzero / unique / bincount / masked_select / repeat_interleave, which size their outputs from the
+values) made by ds4trt code is recorded with its file and line; reads made inside Triton's interpreter (its own
+bookkeeping on CPU tensors) are not ds4trt's and are left out. What this cannot see: a synchronization inside a C++
+op not listed here. A control run first makes sure the recorder sees a read placed in the MoE's item listing.
 
-Without a GPU the chunk runs in a child process on Triton's CPU interpreter (DS4_TRITON_INTERPRET=1 must be set
+Without a GPU the chunks run in a child process on Triton's CPU interpreter (DS4_TRITON_INTERPRET=1 must be set
 before triton is imported), so CI runs it wherever triton is installed.
 """
 
@@ -33,9 +33,9 @@ TORCH_READS = ("nonzero", "unique", "bincount", "masked_select", "repeat_interle
 
 
 def host_reads(control: bool) -> collections.Counter:
-    """{"what at file:line": count} of the value reads made by ds4trt code while the tiny model prefills one chunk
-    of 22 tokens through the CUDA backend (here: a GPU, or the interpreter). control: first make the MoE's item
-    listing read its routing's largest id."""
+    """{"what at file:line": count} of the value reads made by ds4trt code while the tiny model prefills two chunks
+    of 22 tokens through the CUDA backend (here: a GPU, or the interpreter). control: make the MoE's item listing
+    read its routing's largest id."""
     from ds4trt.plugins.kernels import moe_triton
     from ds4trt.runtime.backends import cuda
     from tiny_engines import PROMPT, tiny_files
@@ -80,7 +80,7 @@ def host_reads(control: bool) -> collections.Counter:
                 int(ids.max())                  # a read of the routing, as the listing once made (counts.tolist())
                 return listing(ids, *rest)
             moe_triton._long_items = listing_that_reads
-        session.prefill(list(PROMPT), chunk=len(PROMPT))
+        session.prefill(list(PROMPT) * 2, chunk=len(PROMPT))
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
