@@ -35,7 +35,7 @@ TORCH_READS = ("nonzero", "unique", "bincount", "masked_select", "repeat_interle
 def host_reads(control: bool) -> collections.Counter:
     """{"what at file:line": count} of the value reads made by ds4trt code while the tiny model prefills two chunks
     of 22 tokens through the CUDA backend (here: a GPU, or the interpreter). control: make the MoE's item listing
-    read its routing's largest id."""
+    read its routing's largest id, and prefill one chunk."""
     from ds4trt.plugins.kernels import moe_triton
     from ds4trt.runtime.backends import cuda
     from tiny_engines import PROMPT, tiny_files
@@ -80,7 +80,7 @@ def host_reads(control: bool) -> collections.Counter:
                 int(ids.max())                  # a read of the routing, as the listing once made (counts.tolist())
                 return listing(ids, *rest)
             moe_triton._long_items = listing_that_reads
-        session.prefill(list(PROMPT) * 2, chunk=len(PROMPT))
+        session.prefill(list(PROMPT) * (1 if control else 2), chunk=len(PROMPT))
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
