@@ -292,11 +292,11 @@ def bench_moe(mix: str, bw: float, l2: int, results: list, sweeps: list | None) 
                         kind="sweep_moe", mix=mix, routing="shared", config=list(cfg))))
 
 
-def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> None:
+def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None, configs: tuple = ()) -> None:
     """One layer's routed MoE for a prefill chunk (T = 256, 512, 1024 and 2048, random routing; T = 1024 and 2048
     skewed: each token's 6 experts drawn without replacement with probabilities ~ 1 / rank^0.8 over a shuffled
-    ranking, so that a few experts take many tokens and many take few, as in a prompt that crowds some experts): a
-    long call, which lists its items on the host, so it is timed eagerly (do_bench, L2 flushed between calls).
+    ranking, so that a few experts take many tokens and many take few, as in a prompt that crowds some experts), timed
+    eagerly (do_bench, L2 flushed between calls), at long_launch's config and at each of `configs` (--long-config).
     Bytes: every touched expert once."""
     types = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(4)
@@ -327,6 +327,9 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None) -> N
                                 layers_tokens_per_s=T / (N_LAYER * ms * 1e-3),
                                 most_pairs_per_expert=int(torch.bincount(ids.flatten(), minlength=E).max())))
         guarded(f"moe {mix} prefill {routing} T={T}", results, run)
+        for cfg in configs:                                 # --long-config: these launches too, beside the default
+            guarded(f"moe {mix} prefill {routing} T={T} long_config={cfg}", results,
+                    lambda cfg=cfg, run=run: run(cfg=cfg, label=f" long_config={cfg}"))
         if mix == "q2":            # the same call with DS4_MOE_MMA the other way (moe_mma.DEFAULT_MODE's other); in
             def run_env(run=run, mma="0", warps=None, nib=None, fuse=None, minb=None):   # the sweep, moe_mma's
                 os.environ["DS4_MOE_MMA"] = mma               # kernels at other warps / table form / gate-up pass /
@@ -774,7 +777,11 @@ def main() -> int:
                          "Q8_0 projections' bytes), f16, attend, attend_long (prefill), attend_top (prefill), index, "
                          "index_long (prefill), hc_long (prefill), topk, compress, project (prefill), q4 (moe), "
                          "q4_long (q4 prefill)")
+    ap.add_argument("--long-config", nargs="*", default=[], metavar="CAP:ROWS:WARPS:STAGES:PARTS",
+                    help="moe_long / q4_long: also time these launches of the multi-pair kernels at each T (e.g. "
+                         "32:64:4:1:1 64:64:4:1:1, moe_triton.LONG_CONFIGS' entries)")
     args = ap.parse_args()
+    long_configs = tuple(tuple(map(int, c.split(":"))) for c in args.long_config)
     global SWEEP_T
     SWEEP_T = None if args.sweep_t is None else {int(t) for t in args.sweep_t.split(",")}
     if not torch.cuda.is_available():
@@ -793,7 +800,7 @@ def main() -> int:
     if "moe" in cases:
         bench_moe("q2", bw, l2, results, sweeps)
     if "moe_long" in cases:
-        bench_moe_long("q2", bw, results, sweeps)
+        bench_moe_long("q2", bw, results, sweeps, long_configs)
     if "q8" in cases:
         bench_q8(bw, l2, results, sweeps)
     if "q8_mma" in cases:
@@ -823,7 +830,7 @@ def main() -> int:
     if "q4" in cases:
         bench_moe("q4", bw, l2, results, sweeps)
     if "q4_long" in cases:
-        bench_moe_long("q4", bw, results, sweeps)
+        bench_moe_long("q4", bw, results, sweeps, long_configs)
     for i, thunk in enumerate(sweeps or []):          # tuning data, only while the budget lasts
         if time.time() > START + args.budget - 6:
             log(f"budget reached: {len(sweeps) - i} sweep cases not run")
