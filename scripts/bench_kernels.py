@@ -315,8 +315,7 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None, conf
         nbytes = len(torch.unique(ids)) * expert_bytes(types) + 2 * T * D * 4 + T * K_SLOTS * 12
         v, ids, w = (x.to(DEV) for x in (v, ids, w))
 
-        mma = MM.use_gateup(*types[:2], M.LONG_CONFIGS[32][4], F, 32, torch.device(DEV))
-        default = M.long_launch(ids.numel(), E, types, mma)
+        default = M.long_launch(ids.numel(), E, types, F, torch.device(DEV))
 
         def run(T=T, v=v, ids=ids, w=w, nbytes=nbytes, cfg=default, label="", routing=routing):
             ms = do_bench(lambda: M.moe_forward(v, ids, w, *blocks, *types, CLAMP, long_config=cfg), warmup=3, rep=200,

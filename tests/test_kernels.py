@@ -38,8 +38,8 @@ from moe_cases import random_moe_inputs
 from q8_cases import Q8_FLASH, Q8_SMALL, q8_float64, random_q8_0
 
 if GPU or INTERP:
-    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_triton, q8_triton, \
-        route_triton, topk_triton
+    from ds4trt.plugins.kernels import attn_triton, f16_triton, hc_triton, index_triton, moe_mma, moe_triton, \
+        q8_triton, route_triton, topk_triton
 
 _WHY = ("needs a CUDA GPU; run on the H200 with scripts/gpu_kernels.sh"
         + ("" if HAVE_TRITON else " (triton is not installed here)")
@@ -261,17 +261,21 @@ def test_moe_long_calls(mix, cap, parts):
     assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= (TOL if parts == 2 else TOL_F16)
 
 
-def test_long_launch_picks_the_cheaper_items():
-    """A prefill chunk's CAP from its length alone (the routing stays on the device): with moe_mma's kernels (mma)
-    CAP 32 at any length; else, 2048 tokens x 6 slots over 256 experts (~48 pairs each) pack into items of 64 and
-    1024 tokens (~24) into items of 32. With a Q4_K matrix: two activation parts (LONG_CONFIGS_Q4)."""
+def test_long_launch_picks_the_cheaper_items(monkeypatch):
+    """A prefill chunk's CAP from its length alone (the routing stays on the device): where moe_mma's kernels take the
+    gate/up CAP 32 at any length; else, 2048 tokens x 6 slots over 256 experts (~48 pairs each) pack into items of 64
+    and 1024 tokens (~24) into items of 32. With a Q4_K matrix: two activation parts (LONG_CONFIGS_Q4)."""
     q2, q4 = MIXES["iq2_iq2_q2k"], MIXES["q4k"]
+    cpu = torch.device("cpu")                       # no moe_mma there (cuda_launch.runs_on)
+    assert moe_triton.long_launch(6 * 2048, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[64]
+    assert moe_triton.long_launch(6 * 1024, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[32]
+    assert moe_triton.long_launch(6 * 2048, 256, q4, 2048, cpu) == moe_triton.LONG_CONFIGS_Q4[64]     # two parts
+    assert moe_triton.long_launch(6 * 1024, 256, q4, 2048, cpu) == moe_triton.LONG_CONFIGS_Q4[32]
+    asked = []
+    monkeypatch.setattr(moe_mma, "use_gateup", lambda *a: asked.append(a) or True)
     for T in (17, 1024, 2048, 4096):
-        assert moe_triton.long_launch(6 * T, 256, q2, mma=True) == moe_triton.LONG_CONFIGS[32]
-    assert moe_triton.long_launch(6 * 2048, 256, q2, mma=False) == moe_triton.LONG_CONFIGS[64]
-    assert moe_triton.long_launch(6 * 1024, 256, q2, mma=False) == moe_triton.LONG_CONFIGS[32]
-    assert moe_triton.long_launch(6 * 2048, 256, q4, mma=False) == moe_triton.LONG_CONFIGS_Q4[64]     # two parts
-    assert moe_triton.long_launch(6 * 1024, 256, q4, mma=False) == moe_triton.LONG_CONFIGS_Q4[32]
+        assert moe_triton.long_launch(6 * T, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[32]
+    assert asked[-1] == (*q2[:2], moe_triton.LONG_CONFIGS[32][4], 2048, 32, cpu)
 
 
 @pytest.mark.parametrize("case", ["uniform", "skewed", "one expert", "all singles", "tiny"])

@@ -166,15 +166,17 @@ def one_pair_config(T: int) -> dict[int, tuple]:
     return {**SINGLE_CONFIG, **short}
 
 
-def long_launch(pairs: int, experts: int, types: tuple[int, ...], mma: bool) -> tuple[int, int, int, int, int]:
+def long_launch(pairs: int, experts: int, types: tuple[int, ...], F: int,
+                device: torch.device) -> tuple[int, int, int, int, int]:
     """(CAP, rows, warps, stages, activation parts) of a long call of `pairs` (token, slot) pairs over `experts`
-    experts, gate / up / down `types`, chosen before the routing is on the host (a long call lists its items on the
-    device, _long_items): with moe_mma's kernels (mma: they take the call's q2 gate/up at CAP 32) CAP 32, faster at
-    every length measured (a CAP 64 item cost 1.5x a CAP 32 one at 1024 tokens, 2.0x at 2048: BENCHMARKS.md, the
-    forty-sixth session); else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K matrix) whose multi-pair items
-    would cost least with the pairs spread evenly (ceil(n / CAP) items per expert of n = ceil(pairs / experts))."""
+    experts, gate / up / down `types`, F rows of gate and up, on `device`, chosen before the routing is on the host (a
+    long call lists its items on the device, _long_items): where moe_mma's kernels take the gate/up at CAP 32
+    (moe_mma.use_gateup) CAP 32, faster at every length measured (a CAP 64 item cost 1.5x a CAP 32 one at 1024
+    tokens, 2.0x at 2048: BENCHMARKS.md, the forty-sixth session); else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a
+    Q4_K matrix) whose multi-pair items would cost least with the pairs spread evenly (ceil(n / CAP) items per expert
+    of n = ceil(pairs / experts))."""
     configs = LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS
-    if mma:
+    if moe_mma.use_gateup(types[0], types[1], configs[32][4], F, 32, device):
         return configs[32]
     n = -(-pairs // experts)
     cost = {cap: LONG_ITEM_COST[cap] * -(-n // cap) for cap in configs}
@@ -1192,9 +1194,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     long = T > CAP
     if long:
         flat_ids = ids.reshape(-1).long()
-        mma = moe_mma.use_gateup(gate_type, up_type, LONG_CONFIGS[32][4], F, 32, device)
         cap, mbr, mwarps, mstages, parts = long_config or long_launch(flat_ids.numel(), gate_blocks.shape[0],
-                                                                      (gate_type, up_type, down_type), mma)
+                                                                      (gate_type, up_type, down_type), F, device)
     else:
         cap, mbr, mwarps, mstages, parts = CAP, *multi_config, None, 2
     if F % gbr or D % dbr or F % mbr or D % mbr:
@@ -1222,7 +1223,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     if long:
         order, cnt, singles, multis = _long_items(flat_ids, gate_blocks.shape[0], cap)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
-        if quant_programs and n_single:
+        if quant_programs:                  # for the one-pair items, which the padded list always allows for
             _moe_prepare[(1 + quant_programs,)](ids, order, cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
                                                 num_warps=4, **pdl)
     else:
