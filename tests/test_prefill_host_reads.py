@@ -18,6 +18,7 @@ before triton is imported), so CI runs it wherever triton is installed.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -94,10 +95,10 @@ def _run(control: bool) -> collections.Counter:
     env = {**os.environ, "DS4_TRITON_INTERPRET": "1"}
     tests = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys; sys.path.insert(0, {tests!r}); import triton_env, test_prefill_host_reads as t; "
-            f"print(repr(dict(t.host_reads({control}))))")
+            f"import json; print(json.dumps(t.host_reads({control})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return collections.Counter(eval(done.stdout.strip().splitlines()[-1]))
+    return collections.Counter(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (scripts/setup.sh installs it; the interpreter runs on CPU)")
