@@ -229,8 +229,9 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="at the end, profile 5 decode steps, 5 of each verify length and one prefill chunk "
                          "(torch.profiler) and print the kernels by GPU time (the chunk's with the PyTorch ops that "
-                         "launched them). With programmatic dependent launch a kernel's time includes its wait for "
-                         "the kernel before it; DS4_PDL=0 gives each kernel's own time")
+                         "launched them, then grouped by the source lines that called them). With programmatic "
+                         "dependent launch a kernel's time includes its wait for the kernel before it; DS4_PDL=0 "
+                         "gives each kernel's own time")
     ap.add_argument("--trace", help="with --kernels: write the kernels of one profiled decode step here, in launch "
                                     "order (tab-separated: microseconds, name), and those of one verify step of T "
                                     "rows (each --verify length) to this name + '.T<T>'")
@@ -414,11 +415,14 @@ def main() -> int:
                             tl.write(f"{e.time_range.start - t0:.1f}\t{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
-            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True) as prof:
                 prefill(part, len(part))
                 torch.cuda.synchronize()
             print(f"prefill, one chunk of {len(part)} tokens (PyTorch ops and kernels, by their own GPU time):")
             print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70))
+            print("the same by the source lines that called them (the glue's PyTorch ops, traced to the model):")
+            print(prof.key_averages(group_by_stack_n=4).table(sort_by="self_cuda_time_total", row_limit=40,
+                                                               max_name_column_width=40, max_src_column_width=90))
     t1 = next(r for r in results if r["T"] == 1 and "ctx" in r["name"] and "short" not in r["name"])
     for r in results:
         if r["name"].startswith("verify"):
