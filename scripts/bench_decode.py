@@ -415,7 +415,9 @@ def main() -> int:
                             tl.write(f"{e.time_range.start - t0:.1f}\t{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
-            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True) as prof:
+            stacks = torch._C._profiler._ExperimentalConfig(verbose=True)      # (without it no stacks are kept)
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True,
+                         experimental_config=stacks) as prof:
                 prefill(part, len(part))
                 torch.cuda.synchronize()
             print(f"prefill, one chunk of {len(part)} tokens (PyTorch ops and kernels, by their own GPU time):")
