@@ -9,14 +9,17 @@
 // return). Grid (items, F / ROWS); a program serves one item and ROWS rows of F, each warp 16 rows of gate and the
 // same 16 of up, for all pairs of the item at once (CAP = 8 NT columns).
 //
-// x: split_runs' hi parts (float16 of x * scale per 256-value chunk, scale a power of two) and inv = 1 / scale. Each
-// chunk's values of the item's tokens are copied into shared memory (cp.async, the next chunk's while this one's
-// products run), 16-byte units permuted so that a lane's B fragments are one 16-byte read (x_unit).
+// x: q8_triton.x_f16's rows (float16 of x / s, s a power of two per token). Each chunk of 256 values of the item's
+// tokens is copied into shared memory (cp.async, the next chunk's while this one's products run), 16-byte units
+// permuted so that a lane's B fragments are one 16-byte read (x_unit).
 //
 // IQ2_XXS block (66 bytes: f16 d, then 8 records of (u32 A, u32 B), one per 32-value sub-block): value 8r + i of
 // sub-block sb = d / 8 * (2s + 1) * grid[A byte r][i] * (bit i of ksigns[B bits 7r..7r+6] ? -1 : 1), s = B >> 28.
-// Here (2s + 1) * grid * sign is an exact float16 integer (|.| <= 31 * 43 = 1333), made from two shared tables and
-// applied d / 8 and inv in float32 after each block. Two forms (NIB):
+// Here the tensor cores get float16 values (2s + 1) d * grid * sign: grid * sign (exact float16 integers) from two
+// shared tables, times the run's scale (2s + 1) d rounded to float16, so each value is rounded twice (2^-11 of it
+// at most; >= d, so no subnormal unless d is); 1 / 8 and s are applied to the sums once, in float32, at the end. So
+// the accumulators run over all blocks (no per-block partial sums to scale: half the registers, and CAP 64 fits
+// two programs an SM without spills). Two forms (NIB):
 //   NIB 1: tables of 32-bit words: each grid entry's 2-bit codes as nibbles (value i at bits 4i), each sign index's
 //          bits at bit 2 of those nibbles, so that codes | signs selects, by two byte permutes, each value's 128 +-
 //          magnitude from an 8-byte table of them; a third permute and a packed subtraction of 1152 make float16 pairs
@@ -129,9 +132,9 @@ __device__ __forceinline__ void iq2_record(const unsigned char* __restrict__ w, 
     }
 }
 
-// (2s + 1) as float16 in both halves
-__device__ __forceinline__ u32 run_scale(u32 b) {
-    const u32 h = f32_to_f16((float)(2 * (b >> 28) + 1));
+// the run scale (2s + 1) d of a record's B word, d its block's scale in float32, as float16 in both halves
+__device__ __forceinline__ u32 run_scale(u32 b, float d) {
+    const u32 h = f32_to_f16((float)(2 * (b >> 28) + 1) * d);
     return h | (h << 16);
 }
 
@@ -164,16 +167,17 @@ __device__ __forceinline__ void iq2_run(const TabRow* tab, u32 a, u32 b, u32 sca
 }
 #endif
 
-// acc[m][x tile] += d_m / 8 * inv[column] * (one block of matrix w[m], rows g, g + 8 at byte offsets og, o8, against
-// the chunk xb) for m < M: with M = 2 (gate and up, FUSE) each x fragment read serves both matrices
+// acc[m][x tile] += 8 * (one block of matrix w[m], rows g, g + 8 at byte offsets og, o8, against the chunk xb) for
+// m < M: with M = 2 (gate and up, FUSE) each x fragment read serves both matrices
 template <int M>
 __device__ __forceinline__ void block_product(float (*acc)[NT][4], const unsigned char* const* w, long long og,
-                                              long long o8, const unsigned char* xb, const float* inv,
-                                              const TabRow* tab, int g, int t) {
-    float c[M][NT][4];
+                                              long long o8, const unsigned char* xb, const TabRow* tab, int g, int t) {
+    float dg[M], d8[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-        zero(c[m]);
+    for (int m = 0; m < M; ++m) {
+        dg[m] = f16_to_f32(__ldg((const u16*)(w[m] + og)));
+        d8[m] = f16_to_f32(__ldg((const u16*)(w[m] + o8)));
+    }
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
         u32 ag[M], bg[M], a8[M], b8[M], sg[M], s8[M];
@@ -181,8 +185,8 @@ __device__ __forceinline__ void block_product(float (*acc)[NT][4], const unsigne
         for (int m = 0; m < M; ++m) {
             iq2_record(w[m], og, t + 4 * h, ag[m], bg[m]);
             iq2_record(w[m], o8, t + 4 * h, a8[m], b8[m]);
-            sg[m] = run_scale(bg[m]);
-            s8[m] = run_scale(b8[m]);
+            sg[m] = run_scale(bg[m], dg[m]);
+            s8[m] = run_scale(b8[m], d8[m]);
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -197,25 +201,21 @@ __device__ __forceinline__ void block_product(float (*acc)[NT][4], const unsigne
                 const uint4 xv = *(const uint4*)(xb + (8 * nt + g) * XSTRIDE + (16 * h + 4 * r + t) * 16);
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    mma(c[m][nt], vg[m][0], v8[m][0], vg[m][1], v8[m][1], xv.x, xv.y);    // values 0..3 of the run
-                    mma(c[m][nt], vg[m][2], v8[m][2], vg[m][3], v8[m][3], xv.z, xv.w);    // values 4..7
+                    mma(acc[m][nt], vg[m][0], v8[m][0], vg[m][1], v8[m][1], xv.x, xv.y);  // values 0..3 of the run
+                    mma(acc[m][nt], vg[m][2], v8[m][2], vg[m][3], v8[m][3], xv.z, xv.w);  // values 4..7
                 }
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-        add_scaled(acc[m], c[m], f16_to_f32(*(const u16*)(w[m] + og)) * 0.125f,
-                   f16_to_f32(*(const u16*)(w[m] + o8)) * 0.125f, inv, t);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
-moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const long long* __restrict__ ids,
+moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xscale, const long long* __restrict__ ids,
                const float* __restrict__ wts, const int* __restrict__ order, const int* __restrict__ cnt,
                const int* __restrict__ starts, const unsigned char* __restrict__ gate,
                const unsigned char* __restrict__ up, const TabRow* __restrict__ tables, float* __restrict__ h,
                int n_slots, int F, int D, float clamp) {
-    // xh [R, D] float16 bits, xinv [R, D / 256]: split_runs' hi and inv, a row per token; ids, wts [P]: each pair's
+    // xh [R, D] float16 bits, xscale [R]: x_f16's rows and scales, a row per token; ids, wts [P]: each pair's
     // expert and weight; gate, up [E, F, D / 256 * 66] IQ2_XXS; tables [384]: 256 grid rows, 128 sign rows (NIB);
     // h [P, F] float32
 #if __CUDA_ARCH__ >= 900
@@ -226,8 +226,8 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
     unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of x
     TabRow* tab = (TabRow*)(smem + 2 * CAP * XSTRIDE);         // [384]
     long long* tokrow = (long long*)(smem + 2 * CAP * XSTRIDE + TAB_BYTES);   // [CAP] each slot's token row in xh
-    float* inv = (float*)(tokrow + CAP);                        // [2][CAP] each chunk's inv of each slot
-    float* wslot = inv + 2 * CAP;                               // [CAP]
+    float* sslot = (float*)(tokrow + CAP);                      // [CAP] each slot's s / 8
+    float* wslot = sslot + CAP;                                 // [CAP]
     int* pslot = (int*)(wslot + CAP);                           // [CAP]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -245,6 +245,7 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
         const int pair = s < n ? order[item + s] : 0;
         pslot[s] = pair;
         wslot[s] = s < n ? wts[pair] : 0.f;
+        sslot[s] = s < n ? xscale[pair / n_slots] * 0.125f : 0.f;
         tokrow[s] = s < n ? (long long)(pair / n_slots) * D : 0;
     }
     zero_dead_slots(xs, XSTRIDE, 32, n, tid);
@@ -257,8 +258,6 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
             cp_async16(xb + s * XSTRIDE + x_unit(q) * 16, xh + tokrow[s] + blk * 256 + q * 8);
         }
         cp_async_commit();
-        for (int s = tid; s < CAP; s += WARPS * 32)
-            inv[(blk & 1) * CAP + s] = s < n ? xinv[tokrow[s] / 256 + blk] : 0.f;
     };
 
     float acc[2][NT][4];                                        // gate, up
@@ -267,17 +266,17 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xinv, const
     const unsigned char* const mats[2] = {gate, up};
     pipelined_blocks(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * CAP * XSTRIDE;
-        const float* ib = inv + (blk & 1) * CAP;
         const long long bg = og + blk * IQ2_BYTES, b8 = o8 + blk * IQ2_BYTES;
 #if FUSE
-        block_product<2>(acc, mats, bg, b8, xb, ib, tab, g, t);
+        block_product<2>(acc, mats, bg, b8, xb, tab, g, t);
 #else
-        block_product<1>(acc, mats, bg, b8, xb, ib, tab, g, t);
-        block_product<1>(acc + 1, mats + 1, bg, b8, xb, ib, tab, g, t);
+        block_product<1>(acc, mats, bg, b8, xb, tab, g, t);
+        block_product<1>(acc + 1, mats + 1, bg, b8, xb, tab, g, t);
 #endif
     });
     for_each_output(n, g, t, [&](int s, int r, int nt, int e4) {
-        const float gv = fminf(acc[0][nt][e4], clamp), uv = fminf(fmaxf(acc[1][nt][e4], -clamp), clamp);
+        const float gv = fminf(acc[0][nt][e4] * sslot[s], clamp);
+        const float uv = fminf(fmaxf(acc[1][nt][e4] * sslot[s], -clamp), clamp);
         h[(long long)pslot[s] * F + row0 + r] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
     });
 }

@@ -93,11 +93,11 @@ def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool |
 
 
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
-    """gate/up: two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, 2 invs,
+    """gate/up: two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, s / 8,
     weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and of its run sums (64 bytes a slot),
     and per slot its pair and 2 invs."""
     if name == "moe_gateup_iq2":
-        return 2 * cap * XSTRIDE + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 8 + 4 + 4)
+        return 2 * cap * XSTRIDE + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
     return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
 
 
@@ -131,25 +131,27 @@ def tables(device: torch.device, nib: bool | None = None) -> torch.Tensor:
     return _F16_ROWS[key]
 
 
-def gateup_iq2(hi: torch.Tensor, inv: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
                cnt: torch.Tensor, starts: torch.Tensor, gate_blocks: torch.Tensor, up_blocks: torch.Tensor,
                h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
-    """hi float16 [R, D], inv float32 [R, D / 256] (split_runs of the tokens' x); ids int64 [P] (each pair's expert),
+    """xh float16 [R, D], xscale float32 [R] (q8_triton.x_f16 of the tokens' x: x = xh * xscale, xscale a power of
+    two); ids int64 [P] (each pair's expert),
     weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32 [items] (moe_triton._long_items: items
     of 2..cap pairs; a program whose start has cnt < 2 returns); gate_blocks, up_blocks uint8 [E, F, D / 256 * 66]
     IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written. Arguments are trusted (moe_forward checked
     them), apart from the shapes this kernel depends on."""
-    R, D = hi.shape
+    R, D = xh.shape
     E, F, row_bytes = gate_blocks.shape
     warps = WARPS[cap]
-    if (hi.dtype != torch.float16 or inv.shape != (R, D // 256) or D % 256 or row_bytes != D // 256 * 66
+    if (xh.dtype != torch.float16 or xscale.shape != (R,) or xscale.dtype != torch.float32 or D % 256
+            or row_bytes != D // 256 * 66
             or up_blocks.shape != gate_blocks.shape or F % (16 * warps) or h.shape[1] != F or ids.dtype != torch.int64
             or cap % 8):
-        raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (hi {hi.dtype} {list(hi.shape)}, inv "
-                         f"{list(inv.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, ids {ids.dtype}, "
-                         f"cap {cap})")
-    _launch("moe_gateup_iq2", cap, F, starts, (hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
-                                               tables(hi.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
+        raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (xh {xh.dtype} {list(xh.shape)}, xscale "
+                         f"{xscale.dtype} {list(xscale.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, "
+                         f"ids {ids.dtype}, cap {cap})")
+    _launch("moe_gateup_iq2", cap, F, starts, (xh, xscale, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
+                                               tables(xh.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
     return h
 
 

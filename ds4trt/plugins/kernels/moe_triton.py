@@ -83,7 +83,7 @@ from gguf import quants as gguf_quants
 from ds4trt.plugins.kernels import moe_mma
 from ds4trt.plugins.kernels.int_dot import ASM, XQ_LO, dp2a, dp4a, int_words, quant_values
 from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
-from ds4trt.plugins.kernels.q8_triton import padded, q8_tile
+from ds4trt.plugins.kernels.q8_triton import padded, q8_tile, x_f16
 from ds4trt.plugins.kernels.wide_load import ld4
 
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16
@@ -1245,9 +1245,8 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi and long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device):
-        hi, _, _, _, inv = split_runs(v)
-        moe_mma.gateup_iq2(hi, inv, flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks, ws.h,
-                           k, clamp, cap)
+        moe_mma.gateup_iq2(*x_f16(v), flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks,
+                           ws.h, k, clamp, cap)
     elif n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]
