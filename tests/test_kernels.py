@@ -262,9 +262,10 @@ def test_moe_long_calls(mix, cap, parts):
 
 
 def test_long_launch_picks_the_cheaper_items(monkeypatch):
-    """A prefill chunk's CAP from its length alone (the routing stays on the device): where moe_mma's kernels take the
-    gate/up CAP 32 at any length; else, 2048 tokens x 6 slots over 256 experts (~48 pairs each) pack into items of 64
-    and 1024 tokens (~24) into items of 32. With a Q4_K matrix: two activation parts (LONG_CONFIGS_Q4)."""
+    """A prefill chunk's CAP from its length alone (the routing stays on the device): 2048 tokens x 6 slots over 256
+    experts (~48 pairs each) pack into items of 64 and 1024 tokens (~24) into items of 32. With a Q4_K matrix: two
+    activation parts (LONG_CONFIGS_Q4). Where moe_mma's kernels take the gate/up (at both CAPs), by their own item
+    costs: CAP 64 for 33..64 pairs an expert, 32 for 65..96 (3 items against 2 x 1.6), 64 again from 97."""
     q2, q4 = MIXES["iq2_iq2_q2k"], MIXES["q4k"]
     cpu = torch.device("cpu")                       # no moe_mma there (cuda_launch.runs_on)
     assert moe_triton.long_launch(6 * 2048, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[64]
@@ -273,9 +274,9 @@ def test_long_launch_picks_the_cheaper_items(monkeypatch):
     assert moe_triton.long_launch(6 * 1024, 256, q4, 2048, cpu) == moe_triton.LONG_CONFIGS_Q4[32]
     asked = []
     monkeypatch.setattr(moe_mma, "use_gateup", lambda *a: asked.append(a) or True)
-    for T in (17, 1024, 2048, 4096):
-        assert moe_triton.long_launch(6 * T, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[32]
-    assert asked[-1] == (*q2[:2], moe_triton.LONG_CONFIGS[32][4], 2048, 32, cpu)
+    for T, cap in ((17, 32), (1024, 32), (2048, 64), (4096, 32), (4500, 64)):
+        assert moe_triton.long_launch(6 * T, 256, q2, 2048, cpu) == moe_triton.LONG_CONFIGS[cap], T
+    assert asked[-2:] == [(*q2[:2], moe_triton.LONG_CONFIGS[cap][4], 2048, cap, cpu) for cap in (32, 64)]
 
 
 @pytest.mark.parametrize("case", ["uniform", "skewed", "one expert", "all singles", "tiny"])

@@ -13,14 +13,17 @@ takes 255 registers and runs one 4-warp program per SM (12.5 % occupancy, ncu: l
 and a few byte permutes and packed float16 operations per two values), and x (h for the down) comes through shared
 memory by cp.async.
 
-Numerics as the Triton long call with one activation part (LONG_CONFIGS: q2): the block values are exact float16
-integers, x's hi parts carry 2^-11 of each chunk's largest value, sums in float32; ~5e-4 against float64.
+Numerics within the issue's 1e-3 for float16 inputs: the gate/up's values carry their run's scale (2s + 1) d in
+float16 and x is q8_triton.x_f16's rows (2^-11 of each value), sums over all blocks in float32: ~5e-4 normwise against
+float64 (~2.5e-4 while the block scales were applied in float32 to per-block sums: twice the accumulators, which kept
+CAP 64 from fitting two programs an SM). The down's values are exact float16 integers against split_runs' hi parts.
 
 Measured (`python3 scripts/bench_kernels.py --cases moe_long`, H100, 2026-12-05; a q2 layer's routed experts, ms at
 T = 256 / 512 / 1024 / 2048, 2048 skewed): Triton 4.71 / 4.80 / 5.46 / 9.44, 9.48; here at 4 warps 3.14 / 3.20 / 3.92
-/ 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -. So moe_triton.moe_forward sends every long q2 call here
-(`use_gateup`, `use_down`; DS4_MOE_MMA=0 keeps Triton). tests/test_moe_mma.py runs it on the CPU stand-in of
-tests/cuda_emu and on the GPU.
+/ 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -; with the block scales in the values (H100, 2026-12-06) CAP 32
+/ 64 2.62 / 3.55, 2.81 / 3.78, 3.25 / 4.12, 5.69 / 4.73, skewed 5.57 / 5.73 (moe_triton.MMA_ITEM_COST). So
+moe_triton.moe_forward sends every long q2 call here (`use_gateup`, `use_down`; DS4_MOE_MMA=0 keeps Triton).
+tests/test_moe_mma.py runs it on the CPU stand-in of tests/cuda_emu and on the GPU.
 """
 
 from __future__ import annotations

@@ -157,6 +157,11 @@ MULTI_MIN = 5
 LONG_CONFIGS = {32: (32, 64, 4, 1, 1), 64: (64, 64, 4, 1, 1)}
 LONG_CONFIGS_Q4 = {32: (32, 64, 4, 1, 2), 64: (64, 128, 8, 1, 2)}
 LONG_ITEM_COST = {32: 1.0, 64: 1.75}
+# The same for moe_mma's items (its gate/up at CAP 64 with the block scales in its float16 values, 247388a): H100, a q2
+# layer's routed experts at random routing (bench_kernels --long-config, BENCHMARKS.md, the forty-seventh session), CAP
+# 32 / 64 3.25 / 4.12 ms at 1024 tokens (~24 pairs an expert: one item either way), 5.69 / 4.73 at 2048 (~48: two
+# items against one).
+MMA_ITEM_COST = {32: 1.0, 64: 1.6}
 
 
 def one_pair_config(T: int) -> dict[int, tuple]:
@@ -170,16 +175,14 @@ def long_launch(pairs: int, experts: int, types: tuple[int, ...], F: int,
                 device: torch.device) -> tuple[int, int, int, int, int]:
     """(CAP, rows, warps, stages, activation parts) of a long call of `pairs` (token, slot) pairs over `experts`
     experts, gate / up / down `types`, F rows of gate and up, on `device`, chosen before the routing is on the host (a
-    long call lists its items on the device, _long_items): where moe_mma's kernels take the gate/up at CAP 32
-    (moe_mma.use_gateup) CAP 32, faster at every length measured (a CAP 64 item cost 1.5x a CAP 32 one at 1024
-    tokens, 2.0x at 2048: BENCHMARKS.md, the forty-sixth session); else the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a
-    Q4_K matrix) whose multi-pair items would cost least with the pairs spread evenly (ceil(n / CAP) items per expert
-    of n = ceil(pairs / experts))."""
+    long call lists its items on the device, _long_items): the LONG_CONFIGS entry (LONG_CONFIGS_Q4 with a Q4_K matrix)
+    whose multi-pair items would cost least with the pairs spread evenly (ceil(n / CAP) items per expert of n =
+    ceil(pairs / experts)), at MMA_ITEM_COST where moe_mma's kernels take the gate/up at both CAPs
+    (moe_mma.use_gateup), else at LONG_ITEM_COST."""
     configs = LONG_CONFIGS_Q4 if Q4_K in types else LONG_CONFIGS
-    if moe_mma.use_gateup(types[0], types[1], configs[32][4], F, 32, device):
-        return configs[32]
+    mma = all(moe_mma.use_gateup(types[0], types[1], configs[cap][4], F, cap, device) for cap in configs)
     n = -(-pairs // experts)
-    cost = {cap: LONG_ITEM_COST[cap] * -(-n // cap) for cap in configs}
+    cost = {cap: (MMA_ITEM_COST if mma else LONG_ITEM_COST)[cap] * -(-n // cap) for cap in configs}
     return configs[min(cost, key=cost.get)]
 
 
