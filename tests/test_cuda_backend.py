@@ -248,11 +248,11 @@ def test_project_f16_vs_float64(groups):
 
 @kernels
 @pytest.mark.parametrize("T", [1, 3, 6, 20])
-def test_linear_group_matches_each_projection(T):
+def test_linear_group_matches_each_projection(T, monkeypatch):
     """LinearGroup over two Q8_0, two F16 and one float32 projection of one input (one q8_matmul + one f16_matmul
-    up to their row limits, 16 each; T = 6: the F16 pair in two launches, T = 20: every member alone) against
-    float64 products of each weight, and each module alone still computing its own rows from its view of the shared
-    weight."""
+    up to their row limits, 16 each; T = 6: the F16 pair in two launches, T = 20: every member alone, the four
+    quantized ones on one x_f16 of x) against float64 products of each weight, and each module alone still computing
+    its own rows from its view of the shared weight."""
     from ds4trt.model.linear import Linear
 
     rng = np.random.default_rng(7 + T)
@@ -266,7 +266,11 @@ def test_linear_group_matches_each_projection(T):
     group = cuda.LinearGroup(mods)
     assert [kernel for kernel, *_ in group.fused] == ["q8", "f16"]
     x = torch.from_numpy(rng.standard_normal((T, K)).astype(np.float32)).to(DEVICE)
-    for got, m, w in zip(group(x, *mods), mods, (wa, wc, we, wb, wd)):
+    splits = []
+    monkeypatch.setattr(cuda.q8_triton, "x_f16", lambda x, f=cuda.q8_triton.x_f16: splits.append(x.shape) or f(x))
+    outs = group(x, *mods)
+    assert splits == ([(T, K)] if T > cuda.KERNEL_MAX_T else [])
+    for got, m, w in zip(outs, mods, (wa, wc, we, wb, wd)):
         ref = x.double().cpu() @ torch.from_numpy(w.astype(np.float64)).T
         for y in (got, m(x)):
             assert y.shape == ref.shape

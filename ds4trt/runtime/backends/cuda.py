@@ -304,16 +304,17 @@ class Q8Linear(nn.Module):
         N, K = weights.shape_of(name)
         return cls(weights.blocks(name), N, K, groups)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., G*K] float32 -> [..., N]"""
+    def forward(self, x: torch.Tensor, x16: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: [..., G*K] float32 -> [..., N]; x16: q8_triton.x_f16 of x's rows, where the caller has it (long chunks)"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: this weight in float16 for the one product
             w16 = q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
-            return project_f16(x, w16, self.groups, self.f16_scale)
+            return project_f16(x, w16, self.groups, self.f16_scale, x16)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
 
-def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: float = 1.0) -> torch.Tensor:
+def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: float = 1.0,
+                x16: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """model/linear.py project (x [..., G*K] float32, weight [N, K] -> [..., N]) on the float16 tensor cores, for
     long prefill chunks, given the weight as float16 w16 [N, K] standing for w_scale * w16 (w_scale a power of two:
     q8_triton.dequant_f16 and f16_scale, or an F16 weight itself with 1): x scaled per row by a power of two and
@@ -321,17 +322,18 @@ def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: fl
     rounded to float16 (2^-12 relative, the scaling exact): ~3e-4 relative against float64 on random rows, within
     the 1e-3 the issue allows float16 inputs, like the routed experts' long calls (ds4's own kernels round the
     activations to 8 bits). bf16 parts (hi + lo of each operand, three products: ~5e-6) cost three times the
-    tensor-core work and twice the weight's bytes (BENCHMARKS.md)."""
+    tensor-core work and twice the weight's bytes (BENCHMARKS.md). x16: x_f16 of x's rows, made once by a caller
+    with several projections of x (LinearGroup)."""
     G, N, K = groups, w16.shape[0], w16.shape[1]
-    xs, s = q8_triton.x_f16(x.reshape(-1, G * K))                          # [T, G*K] float16, [T] float32
+    xs, s = x16 or q8_triton.x_f16(x.reshape(-1, G * K))                  # [T, G*K] float16, [T] float32
     a = xs.view(-1, G, K).transpose(0, 1)                                  # [G, T, K]
     b = w16.view(G, N // G, K).transpose(1, 2)                             # [G, K, N/G]
     if a.is_cuda:
         y = torch.bmm(a, b, out_dtype=torch.float32)                       # [G, T, N/G]
     else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
         y = torch.bmm(a.float(), b.float())
-    y = y.transpose(0, 1) * (s * w_scale)[:, None, None]                   # [T, G, N/G], one pass
-    return y.reshape(*x.shape[:-1], N)
+    y.mul_((s * w_scale)[:, None])          # in bmm's layout [G, T, N/G]: contiguous (a pass over the transpose was
+    return y.transpose(0, 1).reshape(*x.shape[:-1], N)   # ~4x slower: the grouped out_a of 2048 tokens ~200 us, H200)
 
 
 @torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
@@ -354,11 +356,11 @@ class F16Linear(nn.Module):
         self.N, self.K = weight.shape
         self.register_buffer("weight", weight.to(torch.float16))            # [N, K], the F16 values exactly
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., K] float32 -> [..., N]"""
+    def forward(self, x: torch.Tensor, x16: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: [..., K] float32 -> [..., N]; x16 as Q8Linear.forward's"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > f16_triton.MAX_T:
-            return project_f16(x, self.weight)
+            return project_f16(x, self.weight, x16=x16)
         return f16_matmul_op(x2, self.weight).reshape(*x.shape[:-1], self.N)
 
 
@@ -376,8 +378,8 @@ class LinearGroup:
     """model/linear.py project_group on this backend, for the projections of one input (attention: q_a, kv and the
     compressors' and indexer's F16 matrices of u; the shared expert: gate, up): the Q8_0 members in one q8_matmul
     and the F16 members in one f16_matmul, their weights made row views of one concatenated weight (the same
-    bytes); other members, and steps longer than a kernel's row limit, each alone. Small projections are bound by
-    launch latency (a decode step: 2-6 us each for 0.5-2 us of bytes)."""
+    bytes); other members, and steps longer than a kernel's row limit, each alone (those of prefill chunks on one
+    x_f16 of x). Small projections are bound by launch latency (a decode step: 2-6 us each for 0.5-2 us of bytes)."""
 
     def __init__(self, mods):
         self.mods = tuple(mods)
@@ -407,7 +409,18 @@ class LinearGroup:
             y = q8_matmul_op(x2, *arrays, mods[members[0]].K, 1) if kernel == "q8" else f16_matmul_op(x2, *arrays)
             for i, (lo, hi) in zip(members, spans):
                 out[i] = y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)
+        long = [i for i, m in enumerate(mods) if out[i] is None and _takes_x16(m, T)]
+        if len(long) > 1:                                     # their inputs' float16 rows made once
+            x16 = q8_triton.x_f16(x2)
+            for i in long:
+                out[i] = mods[i](x, x16)
         return tuple(m(x) if o is None else o for m, o in zip(mods, out))
+
+
+def _takes_x16(m: nn.Module, T: int) -> bool:
+    """Whether a projection of T rows runs project_f16 on x's rows as they are (no groups), so takes their x_f16."""
+    return (isinstance(m, Q8Linear) and m.groups == 1 and T > KERNEL_MAX_T
+            or isinstance(m, F16Linear) and T > f16_triton.MAX_T)
 
 
 def _spans(sizes: list[int]) -> list[tuple[int, int]]:
