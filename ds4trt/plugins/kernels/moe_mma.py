@@ -48,7 +48,9 @@ NIB = True
 # both matrices (one 16-byte read per two tensor-core products apart, per four fused). sm_90 with NIB: CAP 32 126
 # registers and 558 instructions per half block for both matrices against 96 and 2 x 310 apart; CAP 64 206 and 647
 # against 160 and 2 x 360 (two programs per SM either way: shared memory). Apart: 3.43 / 4.24 / 7.43 ms at T = 512 /
-# 1024 / 2048 against 3.20 / 3.92 / 7.36 fused (the header's runs, 4 warps).
+# 1024 / 2048 against 3.20 / 3.92 / 7.36 fused (the header's runs, 4 warps). With the block scales in the values
+# (247388a), CAP 64 at two programs an SM: fused 128 registers, 296 bytes of spill loads; apart 12 bytes; fused faster
+# all the same, 4.73 against 5.03 ms a q2 layer at T = 2048 (H100, BENCHMARKS.md, the forty-seventh session).
 FUSE = {32: True, 64: True}
 # programs per SM the compiler must leave registers for (moe_mma.cu's MINB: __launch_bounds__' second argument), by
 # CAP. At 1, CAP 64's fused gate/up took 206 registers at 8 warps, one program per SM (ncu: 12.5 % occupancy, no
@@ -56,7 +58,8 @@ FUSE = {32: True, 64: True}
 # bytes spilled, yet the block loop 647 -> 649 instructions; its down 151 -> 128, 28 bytes). H100, one q2 layer's
 # routed experts, three alternating rounds, outputs bit for bit the same: CAP 32 4.37-4.98 -> 3.78-3.83 ms at T =
 # 1024, 7.63-7.97 -> 6.36-6.54 at 2048; CAP 64 5.74-5.79 -> 5.59-5.68, 6.72-6.82 -> 6.51-6.60 (BENCHMARKS.md, the
-# forty-fourth session).
+# forty-fourth session). Those were the gate/up with per-block sums; since 247388a CAP 64's takes 148 registers at 1
+# (no spills) and 128 at 2 (above), not retimed at 1.
 MIN_BLOCKS = {32: 2, 64: 2}
 
 
