@@ -5,8 +5,8 @@ Where they run: the offline check (NVRTC compiles each launch for sm_90, ptxas' 
 NVRTC loads, CI included; the products on "emu", the CPU stand-in of tests/cuda_emu (g++ builds the CUDA C++ as host
 code), at small shapes, and on "cuda", a GPU, at Flash's widths too. Fresh random IQ2_XXS experts (the q2 mix's gate
 and up), x ~ 3 N(0, 1), items made by moe_triton._long_items from random routing; h NaN-poisoned, and the rows of
-pairs outside multi-pair items must stay NaN. Bound: TOL_F16 (1e-3 of the largest |reference|; one float16 part of x
-leaves ~5e-4, as the Triton long call's one-part product).
+pairs outside multi-pair items must stay NaN. Bound: TOL_F16 (1e-3 of the largest |reference|; the gate/up, whose x
+and values are each rounded to float16, leaves ~5e-4, the down, with exact values and one float16 part of h, ~2.5e-4).
 """
 
 from __future__ import annotations

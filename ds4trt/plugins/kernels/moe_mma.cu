@@ -18,8 +18,8 @@
 // Here the tensor cores get float16 values (2s + 1) d * grid * sign: grid * sign (exact float16 integers) from two
 // shared tables, times the run's scale (2s + 1) d rounded to float16, so each value is rounded twice (2^-11 of it
 // at most; >= d, so no subnormal unless d is); 1 / 8 and s are applied to the sums once, in float32, at the end. So
-// the accumulators run over all blocks (no per-block partial sums to scale: half the registers, and CAP 64 fits
-// two programs an SM without spills). Two forms (NIB):
+// the accumulators run over all blocks (no per-block partial sums to scale: half the accumulators; at two programs an
+// SM, CAP 64's fused gate/up spills 56 bytes, loaded back 296 bytes a thread, where it spilled 780). Two forms (NIB):
 //   NIB 1: tables of 32-bit words: each grid entry's 2-bit codes as nibbles (value i at bits 4i), each sign index's
 //          bits at bit 2 of those nibbles, so that codes | signs selects, by two byte permutes, each value's 128 +-
 //          magnitude from an 8-byte table of them; a third permute and a packed subtraction of 1152 make float16 pairs

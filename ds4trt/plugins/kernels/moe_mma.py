@@ -15,8 +15,9 @@ memory by cp.async.
 
 Numerics within the issue's 1e-3 for float16 inputs: the gate/up's values carry their run's scale (2s + 1) d in
 float16 and x is q8_triton.x_f16's rows (2^-11 of each value), sums over all blocks in float32: ~5e-4 normwise against
-float64 (~2.5e-4 while the block scales were applied in float32 to per-block sums: twice the accumulators, which kept
-CAP 64 from fitting two programs an SM). The down's values are exact float16 integers against split_runs' hi parts.
+float64 (~2.5e-4 while the block scales were applied in float32 to per-block sums: twice the accumulators, with which
+CAP 64 spilled 780 bytes at two programs an SM). The down's values are exact float16 integers against split_runs' hi
+parts.
 
 Measured (`python3 scripts/bench_kernels.py --cases moe_long`, H100, 2026-12-05; a q2 layer's routed experts, ms at
 T = 256 / 512 / 1024 / 2048, 2048 skewed): Triton 4.71 / 4.80 / 5.46 / 9.44, 9.48; here at 4 warps 3.14 / 3.20 / 3.92
@@ -141,18 +142,16 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
                cnt: torch.Tensor, starts: torch.Tensor, gate_blocks: torch.Tensor, up_blocks: torch.Tensor,
                h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
     """xh float16 [R, D], xscale float32 [R] (q8_triton.x_f16 of the tokens' x: x = xh * xscale, xscale a power of
-    two); ids int64 [P] (each pair's expert),
-    weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32 [items] (moe_triton._long_items: items
-    of 2..cap pairs; a program whose start has cnt < 2 returns); gate_blocks, up_blocks uint8 [E, F, D / 256 * 66]
-    IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written. Arguments are trusted (moe_forward checked
-    them), apart from the shapes this kernel depends on."""
+    two); ids int64 [P] (each pair's expert), weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32
+    [items] (moe_triton._long_items: items of 2..cap pairs; a program whose start has cnt < 2 returns); gate_blocks,
+    up_blocks uint8 [E, F, D / 256 * 66] IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written.
+    Arguments are trusted (moe_forward checked them), apart from the shapes this kernel depends on."""
     R, D = xh.shape
     E, F, row_bytes = gate_blocks.shape
     warps = WARPS[cap]
     if (xh.dtype != torch.float16 or xscale.shape != (R,) or xscale.dtype != torch.float32 or D % 256
-            or row_bytes != D // 256 * 66
-            or up_blocks.shape != gate_blocks.shape or F % (16 * warps) or h.shape[1] != F or ids.dtype != torch.int64
-            or cap % 8):
+            or row_bytes != D // 256 * 66 or up_blocks.shape != gate_blocks.shape or F % (16 * warps)
+            or h.shape[1] != F or ids.dtype != torch.int64 or cap % 8):
         raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (xh {xh.dtype} {list(xh.shape)}, xscale "
                          f"{xscale.dtype} {list(xscale.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, "
                          f"ids {ids.dtype}, cap {cap})")
