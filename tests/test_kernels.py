@@ -284,7 +284,8 @@ def test_long_launch_picks_the_cheaper_items(monkeypatch):
 def test_long_items_lists_every_item_on_the_device(case, cap):
     """_long_items against a plain listing: order is the stable sort by expert, cnt[s] the pairs (up to cap) of the
     item starting at sorted position s (0 elsewhere and at P), and the one-pair / multi-pair lists are those starts in
-    order, padded with P to their fixed lengths (which must hold every item: no item lost in any routing)."""
+    order, padded with P to their fixed lengths (which must hold every item: no item lost in any routing); with apart
+    False, no one-pair list and one list of every item."""
     rng = np.random.default_rng(_seed("long items " + case, cap))
     E = 256
     P = {"uniform": 2048 * 6, "skewed": 2048 * 6, "one expert": 300, "all singles": 200, "tiny": 17}[case]
@@ -309,8 +310,11 @@ def test_long_items_lists_every_item_on_the_device(case, cap):
             want[s + first] = min(cap, n - first)
         s += n
     assert np.array_equal(cnt.numpy(), want)
+    _, cnt_together, none, every = moe_triton._long_items(torch.from_numpy(ids.astype(np.int64)), E, cap, apart=False)
+    assert torch.equal(cnt_together, cnt) and none.numel() == 0 and none.dtype == torch.int32
     for got, mask, bound in ((singles, want[:P] == 1, min(E, P)),
-                             (multis, want[:P] >= 2, min(P // 2, P // cap + min(E, P // 2)))):
+                             (multis, want[:P] >= 2, min(P // 2, P // cap + min(E, P // 2))),
+                             (every, want[:P] >= 1, min(P, P // cap + min(E, P)))):
         starts = np.flatnonzero(mask)
         assert got.dtype == torch.int32 and got.numel() == bound >= starts.size
         assert np.array_equal(got.numpy(), np.concatenate([starts, np.full(bound - starts.size, P)]))

@@ -49,12 +49,13 @@ def _rows_f16(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (v / s[:, None]).to(torch.float16), s
 
 
-def _items(ids: np.ndarray, E: int, cap: int):
-    """moe_triton._long_items of the routing -> (flat ids, order, cnt, listed multi-pair starts, their pairs)."""
+def _items(ids: np.ndarray, E: int, cap: int, apart: bool = True):
+    """moe_triton._long_items of the routing -> (flat ids, order, cnt, listed multi-pair starts, their pairs); apart
+    False: every item's start, one-pair items too."""
     from ds4trt.plugins.kernels import moe_triton
 
     flat = torch.from_numpy(ids.reshape(-1))
-    order, cnt, _, multis = moe_triton._long_items(flat, E, cap)
+    order, cnt, _, multis = moe_triton._long_items(flat, E, cap, apart)
     pos = torch.cat([torch.arange(s, s + cnt[s]) for s in multis.tolist()]) if multis.numel() else torch.zeros(0)
     pairs = order[pos.long()].long()
     assert pairs.numel() > 0, "no multi-pair items: the test routed too few tokens per expert"
@@ -81,10 +82,11 @@ def _dev(a, device):
     return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)
 
 
-def _check(device, T, E, F, D, k, cap, seed, skew=False):
-    """One long call's multi-pair items through gateup_iq2 against float64 w * swiglu(gate x, up x)."""
+def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True):
+    """One long call's multi-pair items (apart False: all its items) through gateup_iq2 against float64 w *
+    swiglu(gate x, up x)."""
     v, ids, w, (gate, up, _) = _inputs(T, E, F, D, k, seed, skew)
-    flat, order, cnt, multis, pairs = _items(ids, E, cap)
+    flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
     xh, xscale = _rows_f16(torch.from_numpy(v))
     dev = functools.partial(_dev, device=device)
     h = torch.full((T * k, F), float("nan"), device=device)
@@ -105,7 +107,7 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False):
     assert err <= TOL_F16, f"T = {T}, cap = {cap}: relative error {err:.3g}"
 
 
-def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
+def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True):
     """One long call's multi-pair items through down_q2k against float64 down_e h[pair], h ~ N(0, 1) per pair with
     a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts matter)."""
     v, ids, _, (_, _, down) = _inputs(T, E, F, D, k, seed, skew)
@@ -114,7 +116,7 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False):
     hv[::7] *= 1e4
     hv[3::7] *= 1e-4
     hv[1::5] += 30                                  # a large mean: the min term cancels most of the main one
-    flat, order, cnt, multis, pairs = _items(ids, E, cap)
+    flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
     hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
     dev = functools.partial(_dev, device=device)
     y = torch.full((T * k, D), float("nan"), device=device)
@@ -162,6 +164,17 @@ def test_down_q2k_full_items(kernel_device, cap):
     _check_down(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma down skew", cap), skew=True)
 
 
+@pytest.mark.parametrize("cap", [32, 64])
+def test_one_pair_items_too(kernel_device, cap):
+    """Both kernels on every item of a call, one-pair items among them (_long_items' apart False): 12 tokens over 40
+    experts, so that many items hold one pair."""
+    for check, F, D, seed in ((_check, 256, 256, _seed("moe mma singles gate", cap)),
+                              (_check_down, 256, 256, _seed("moe mma singles down", cap))):
+        ids = _inputs(12, 40, F, D, 2, seed, False)[1]
+        assert (np.bincount(ids.reshape(-1), minlength=40) == 1).sum() >= 4, "too few one-pair items to test"
+        check(kernel_device, 12, 40, F, D, 2, cap, seed, apart=False)
+
+
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
 @pytest.mark.parametrize("cap", [32, 64])
 def test_down_q2k_flash_widths(cap):
@@ -178,13 +191,20 @@ def test_gateup_iq2_flash_widths(cap):
 @pytest.mark.skipif(not (GPU or INTERP and cuda_emu.available()),
                     reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (for the Triton kernels "
                            "beside)")
+@pytest.mark.parametrize("together", [False, True], ids=["one-pair items apart", "one-pair items here too"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap):
+def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together):
     """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
-    alone on expert 7 (a one-pair item). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the
-    CPU stand-in."""
+    alone on expert 7 (a one-pair item: to the one-pair Triton kernels, or with `together`, SINGLES_IN_ITEMS_FROM
+    lowered to 1, to moe_mma's). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the CPU
+    stand-in."""
+    from ds4trt.plugins.kernels import moe_triton
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
+
+    if together:
+        monkeypatch.setattr(moe_triton, "SINGLES_IN_ITEMS_FROM", 1)
+        monkeypatch.setattr(moe_triton, "_moe_gateup_single", None)       # must not launch
 
     if not GPU:
         monkeypatch.setattr(cuda_launch, "launch", cuda_emu.launch)

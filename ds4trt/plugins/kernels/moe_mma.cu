@@ -4,10 +4,10 @@
 //   h[pair, rows] = weight[pair] * swiglu(gate_e x_t, up_e x_t)     for the pairs (token t, expert e) of an item
 //   y[pair, rows] = down_e h[pair]
 //
-// Items as moe_triton._long_items lists them: starts[i] is the sorted position of item i, its pairs order[start ..
-// start + cnt[start]) (2..CAP pairs of one expert; a start whose cnt is below 2 pads the list: its programs
-// return). Grid (items, F / ROWS); a program serves one item and ROWS rows of F, each warp 16 rows of gate and the
-// same 16 of up, for all pairs of the item at once (CAP = 8 NT columns).
+// Items as moe_triton._long_items lists them: starts[i] is the sorted position of item i, its pairs order[start
+// .. start + cnt[start]) (1..CAP pairs of one expert; a start whose cnt is 0 pads the list: its programs return).
+// Grid (items, F / ROWS); a program serves one item and ROWS rows of F, each warp 16 rows of gate and the same 16 of
+// up, for all pairs of the item at once (CAP = 8 NT columns).
 //
 // x: q8_triton.x_f16's rows (float16 of x / s, s a power of two per token). Each chunk of 256 values of the item's
 // tokens is copied into shared memory (cp.async, the next chunk's while this one's products run), 16-byte units
@@ -232,7 +232,7 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xscale, con
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int item = starts[blockIdx.x], n = cnt[item], nsb = D / 256;
-    if (n < 2)                                                  // past the list's items (moe_triton._long_items)
+    if (n < 1)                                                  // past the list's items (moe_triton._long_items)
         return;
     const long long row_bytes = (long long)nsb * IQ2_BYTES;
     const long long e = ids[order[item]];
@@ -330,7 +330,7 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int item = starts[blockIdx.x], n = cnt[item], nsb = F / 256;
-    if (n < 2)                                                  // past the list's items
+    if (n < 1)                                                  // past the list's items
         return;
     const long long row_bytes = (long long)nsb * Q2K_BYTES;
     const long long e = ids[order[item]];

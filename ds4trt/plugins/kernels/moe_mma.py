@@ -143,7 +143,7 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
                h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
     """xh float16 [R, D], xscale float32 [R] (q8_triton.x_f16 of the tokens' x: x = xh * xscale, xscale a power of
     two); ids int64 [P] (each pair's expert), weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32
-    [items] (moe_triton._long_items: items of 2..cap pairs; a program whose start has cnt < 2 returns); gate_blocks,
+    [items] (moe_triton._long_items: items of 1..cap pairs; a program whose start has cnt 0 returns); gate_blocks,
     up_blocks uint8 [E, F, D / 256 * 66] IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written.
     Arguments are trusted (moe_forward checked them), apart from the shapes this kernel depends on."""
     R, D = xh.shape

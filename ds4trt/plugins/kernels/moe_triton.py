@@ -162,6 +162,13 @@ LONG_ITEM_COST = {32: 1.0, 64: 1.75}
 # 32 / 64 3.25 / 4.12 ms at 1024 tokens (~24 pairs an expert: one item either way), 5.69 / 4.73 at 2048 (~48: two
 # items against one).
 MMA_ITEM_COST = {32: 1.0, 64: 1.6}
+# From this many pairs an expert on average (ceil(P / E)), a long call whose gate/up and down both go to moe_mma lists
+# its one-pair items among the others for moe_mma (_long_items' apart False) instead of the one-pair Triton kernels:
+# their padded list launched min(E, P) x F / BR programs, nearly all empty (at 2048 tokens, ~one real single an
+# expert-layer with random routing, the two one-pair kernels and _moe_prepare's quantization for them took ~0.24 ms a
+# layer on an H100, BENCHMARKS.md, the forty-seventh session), while a one-pair moe_mma item costs a whole item. 16 is
+# a guess: NOT measured.
+SINGLES_IN_ITEMS_FROM = 16
 
 
 def one_pair_config(T: int) -> dict[int, tuple]:
@@ -1127,13 +1134,15 @@ class MoEWorkspace:
                    torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
 
 
-def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]:
+def _long_items(ids: torch.Tensor, E: int, cap: int, apart: bool = True) -> tuple[torch.Tensor, ...]:
     """The items of a long call, built and listed by torch on the device (no host synchronization: the lists are
     padded to their largest possible lengths). ids: int64 [P] pair -> expert in [0, E). Returns order int32 [P] and
     cnt int32 [P + 1] as _moe_prepare makes them (items of up to `cap` pairs; cnt[P] = 0), and the sorted positions
     where one-pair items start (int32 [min(E, P)]: at most one an expert, its n % cap == 1) and where multi-pair items
     start (int32 [min(P // 2, P // cap + min(E, P // 2))]: at most n / cap + 1 an expert of n >= 2 pairs, each of 2 or
-    more pairs), in order, the rest of each list P: a position whose cnt is 0, which the kernels skip."""
+    more pairs), in order, the rest of each list P: a position whose cnt is 0, which the kernels skip. apart False:
+    no one-pair list (int32 [0]); the other lists every item, one-pair ones too (int32 [min(P, P // cap + min(E,
+    P))]), for moe_mma's kernels, which take items of 1..cap pairs."""
     P = ids.numel()
     counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
     order = torch.argsort(ids, stable=True)                                 # by expert, then pair index
@@ -1147,6 +1156,8 @@ def _long_items(ids: torch.Tensor, E: int, cap: int) -> tuple[torch.Tensor, ...]
         out = torch.full((bound + 1,), P, dtype=torch.int32, device=ids.device)
         return out.scatter_(0, torch.where(mask, torch.cumsum(mask, 0) - 1, bound), positions)[:bound]
 
+    if not apart:
+        return order.to(torch.int32), cnt, positions[:0], listed(cnt[:P] >= 1, min(P, P // cap + min(E, P)))
     return (order.to(torch.int32), cnt, listed(cnt[:P] == 1, min(E, P)),
             listed(cnt[:P] >= 2, min(P // 2, P // cap + min(E, P // 2))))
 
@@ -1224,9 +1235,13 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers: one _moe_prepare program per block of a token
     quant_programs = T * (D // QK) if IQ2_XXS in (gate_type, up_type) else 0
     if long:
-        order, cnt, singles, multis = _long_items(flat_ids, gate_blocks.shape[0], cap)
+        E = gate_blocks.shape[0]
+        mma = (moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device)
+               and moe_mma.use_down(down_type, parts, D, cap, device))
+        apart = not (mma and -(-P // E) >= SINGLES_IN_ITEMS_FROM)
+        order, cnt, singles, multis = _long_items(flat_ids, E, cap, apart)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
-        if quant_programs:                  # for the one-pair items, which the padded list always allows for
+        if quant_programs and n_single:     # for the one-pair items, which the padded list always allows for
             _moe_prepare[(1 + quant_programs,)](ids, order, cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
                                                 num_warps=4, **pdl)
     else:
