@@ -166,8 +166,10 @@ MMA_ITEM_COST = {32: 1.0, 64: 1.6}
 # its one-pair items among the others for moe_mma (_long_items' apart False) instead of the one-pair Triton kernels:
 # their padded list launched min(E, P) x F / BR programs, nearly all empty (at 2048 tokens, ~one real single an
 # expert-layer with random routing, the two one-pair kernels and _moe_prepare's quantization for them took ~0.24 ms a
-# layer on an H100, BENCHMARKS.md, the forty-seventh session), while a one-pair moe_mma item costs a whole item. 16 is
-# a guess: NOT measured.
+# layer on an H100, BENCHMARKS.md, the forty-seventh session), while a one-pair moe_mma item costs a whole item.
+# Measured at ~48 and ~24 pairs an expert (H100, 28 layers, a 2048-token prompt in chunks of 2048 / 1024: 266.6-267.8
+# -> 264.0-264.1 ms, 340.5 -> 333.3; BENCHMARKS.md, the forty-eighth session); the threshold between 12 (512-token
+# chunks, which keep the one-pair kernels) and 24 is a guess, not measured.
 SINGLES_IN_ITEMS_FROM = 16
 
 
