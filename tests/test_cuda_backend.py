@@ -279,6 +279,32 @@ def test_linear_group_matches_each_projection(T, monkeypatch):
                 f"{type(m).__name__}: relative error {rel:.2e}"
 
 
+@kernels
+def test_prefill_queries_in_one_pass_are_the_float16_of_the_two_steps():
+    """A prefill chunk's queries (queries_kernel: q_b's product before its rows are scaled back, normed and rotated
+    straight to float16) are bit for bit the float16 of q_b then head_norm_rope_kernel, in each of the tiny model's
+    attention layers, fresh random inputs of 40 rows (rows of magnitudes 1e-3 .. 1e3); shorter steps keep float32."""
+    from ds4trt.model.attention import Attention
+    from ds4trt.model.rope import rope_cos_sin
+
+    target, _ = tiny_files()
+    engine = cuda.open_engine(target, device=DEVICE, graphs=False)
+    layers = [m for m in engine.model.modules() if isinstance(m, Attention)]
+    assert layers and all(isinstance(m.q_b, cuda.Q8Linear) for m in layers)
+    g = torch.Generator().manual_seed(41)
+    for m in layers:
+        cfg = m.cfg
+        for T in (40, cuda.KERNEL_MAX_T):
+            qn = (torch.randn(T, m.q_b.K, generator=g) * torch.logspace(-3, 3, T)[:, None]).to(DEVICE)
+            cos, sin = (c.float().to(DEVICE) for c in rope_cos_sin(m.freq, torch.arange(T) + 1000))
+            got = m.queries(qn, cos, sin)
+            want = cuda.head_norm_rope_kernel(m.q_b(qn).reshape(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps)
+            if T > cuda.KERNEL_MAX_T:
+                assert got.dtype == torch.float16 and torch.equal(got.view(torch.int16), want.half().view(torch.int16))
+            else:
+                assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
 def _greedy_text(engine, text: str, n: int) -> list[int]:
     return greedy(engine, n, engine.tokenizer.encode(text), ctx=512, chunk=PREFILL_CHUNK)
 

@@ -599,6 +599,12 @@ def test_head_norm_rope_vs_float64(shape):
     got = head_norm_rope_triton(x.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), 1e-6)
     assert got.shape == want.shape
     assert _rel(got, want) <= TOL, f"relative error {_rel(got, want):.2e}"
+    # a prefill chunk's form: the rows given unscaled beside their power-of-two scales, the results in float16 are
+    # bit for bit the float16 of the plain call on the scaled rows
+    s = torch.ldexp(torch.ones(T), torch.randint(-20, 20, (T,), generator=g)).to(DEVICE)
+    fused = head_norm_rope_triton((x.to(DEVICE) / s[:, None, None]), cos.to(DEVICE), sin.to(DEVICE), 1e-6,
+                                  row_scale=s, out_dtype=torch.float16)
+    assert fused.dtype == torch.float16 and torch.equal(fused.view(torch.int16), got.half().view(torch.int16))
 
 
 # (ratio, c, n_rot, n_nope, post): Flash's compressors (ratio 128 and 4 KV rows, the ratio-4 indexer's), the tiny

@@ -230,7 +230,7 @@ class Attention(nn.Module):
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
         # [T, n_rot/2] in the activations' type (apply_rope_tail's), made once for every rotation of the step
         cos, sin = (c.to(y.dtype) for c in rope_cos_sin(self.freq, pos))
-        q = self.head_norm_rope(self.q_b(qn).reshape(T, H, d), cos, sin, cfg.rms_eps)   # [T, H, d]
+        q = self.queries(qn, cos, sin)                                                   # [T, H, d]
         kv = self.kv_row(kva, self.kv_norm, cos, sin, cfg.rms_eps, "fp8" if self.ds4 else "none", cfg.n_nope)  # [T, d]
         rows = LayerRows(raw=kv)
 
@@ -286,7 +286,7 @@ class Attention(nn.Module):
             # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
             # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the
             # whole block, so the values are the same. Each block writes its rows of o.
-            o = torch.empty_like(q)                                 # [T, H, d]
+            o = torch.empty(q.shape, dtype=y.dtype, device=y.device)    # [T, H, d] (q may be narrower: queries)
             for a in range(0, T, QUERY_BLOCK):
                 b = min(a + QUERY_BLOCK, T)
                 spans = [(a, b + W - 1)] + [(0, g.shape[0]) for g in keys[1:]]
@@ -294,6 +294,13 @@ class Attention(nn.Module):
                 mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
                 self.attend(q[a:b], kb, mb, self.sinks, cos[a:b], sin[a:b], out=o[a:b])
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
+
+    def queries(self, qn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """qn [T, Lq] -> q [T, H, d]: q_b's product, then each head's norm and RoPE (a backend may set an instance
+        attribute `queries` doing both at once, and hand the attention narrower queries it reads as they are)."""
+        cfg = self.cfg
+        return self.head_norm_rope(self.q_b(qn).reshape(qn.shape[0], cfg.n_head, cfg.head_dim), cos, sin,
+                                   cfg.rms_eps)
 
     def _emitting(self, start: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's tokens (indices 0..T-1) that may emit a compressed row: the n = T // R + 1 positions p with

@@ -96,8 +96,9 @@ def dequant_f16(K: int, N: int = 4096):
 
 def head_norm_rope(H: int, D: int, NR: int):
     R = rope_triton
-    return R._head_norm_rope.warmup(F32, F32, F32, F32, H, 1e-6, D=D, DP=1 << (D - 1).bit_length(), NR=NR,
-                                    NP=1 << (NR // 2 - 1).bit_length(), HB=R.HEADS, num_warps=R.WARPS, **LAUNCH)
+    return R._head_norm_rope.warmup(F32, F32, F32, F32, F32, H, 1e-6, D=D, DP=1 << (D - 1).bit_length(), NR=NR,
+                                    NP=1 << (NR // 2 - 1).bit_length(), HB=R.HEADS, SCALED=False, num_warps=R.WARPS,
+                                    **LAUNCH)
 
 
 def split_f16():

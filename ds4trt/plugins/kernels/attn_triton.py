@@ -302,7 +302,7 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
     hb = math.gcd(hb, H)
     bt = max(bt, triton.cdiv(16, hb))
     dc, dv = min(dc, D), min(dv, D)
-    o = torch.empty_like(q) if out is None else out
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if out is None else out
     grid = (triton.cdiv(T, bt), H // hb, D // dv)
     _attend_long[grid](*_operand(q, parts), *_operand(k, parts),
                        mask.contiguous().view(torch.uint8), sinks.float().contiguous(),
@@ -314,7 +314,12 @@ def attend_long_triton(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sin
 
 def _operand(a: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A prefill kernel's float32 operand as its float16 (hi, lo) parts, or with parts 1 as (hi, hi): the kernel
-    then reads hi alone."""
+    then reads hi alone. A float16 operand (queries made so, runtime/backends/cuda.py queries_kernel) is its own hi,
+    with parts 1 only."""
+    if a.dtype == torch.float16:
+        if parts != 1:
+            raise ValueError(f"attn_triton: float16 queries need a config of one part, got {parts}")
+        return a.contiguous(), a.contiguous()
     if parts == 2:
         return split_parts(a.contiguous())
     if parts != 1:
@@ -323,17 +328,24 @@ def _operand(a: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, hi
 
 
+def reads_float16_queries() -> bool:
+    """Whether the prefill kernels' configs (LONG_CONFIG, TOP_CONFIG) read one float16 part of their operands, so
+    that queries may come as float16 (the same values they would make of float32 ones)."""
+    return LONG_CONFIG[-1] == 1 and TOP_CONFIG[-1] == 1
+
+
 def _check_long(name: str, q: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 out: torch.Tensor | None) -> None:
-    """The operands the prefill kernels share: float32 q [T, H, d] (d a power of two, at least 16), sinks [H], cos,
-    sin [T, n_rot/2] with 0 < n_rot <= d, out (if any) float32 [T, H, d] contiguous on q's device."""
+    """The operands the prefill kernels share: float32 (or float16: _operand) q [T, H, d] (d a power of two, at least
+    16), sinks [H], cos, sin [T, n_rot/2] with 0 < n_rot <= d, out (if any) float32 [T, H, d] contiguous on q's
+    device."""
     T, H, D = q.shape
-    if T < 1 or D < 16 or D & (D - 1) or q.dtype != torch.float32 or sinks.shape != (H,) or cos.ndim != 2 \
-            or cos.shape[0] != T or not 0 < 2 * cos.shape[1] <= D or sin.shape != cos.shape \
+    if T < 1 or D < 16 or D & (D - 1) or q.dtype not in (torch.float32, torch.float16) or sinks.shape != (H,) \
+            or cos.ndim != 2 or cos.shape[0] != T or not 0 < 2 * cos.shape[1] <= D or sin.shape != cos.shape \
             or out is not None and (out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous()
                                     or out.device != q.device):
-        raise ValueError(f"{name}: expected float32 q [T, H, d] (d a power of two, at least 16), sinks [H], cos and "
-                         f"sin [T, n_rot/2] (n_rot <= d) and a contiguous float32 out like q, got q {q.dtype} "
+        raise ValueError(f"{name}: expected float32 or float16 q [T, H, d] (d a power of two, at least 16), sinks [H], "
+                         f"cos and sin [T, n_rot/2] (n_rot <= d) and a contiguous float32 out like q, got q {q.dtype} "
                          f"{list(q.shape)}, sinks {list(sinks.shape)}, cos {list(cos.shape)}, sin {list(sin.shape)}"
                          + ("" if out is None else f", out {out.dtype} {list(out.shape)}"))
 
@@ -398,7 +410,7 @@ def attend_top_triton(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor
     hb, bn, dc, dv, warps, stages, parts = config or TOP_CONFIG
     hb = math.gcd(hb, H)
     dc, dv = min(dc, D), min(dv, D)
-    o = torch.empty_like(q)
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     grid = (T, H // hb, D // dv)
     _attend_top[grid](*_operand(q, parts), *_operand(raw, parts), raw_mask.contiguous().view(torch.uint8),
                       *_operand(comp, parts),

@@ -38,6 +38,7 @@ launch (PDL) like the package's own kernels (plugins/kernels/pdl.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -248,6 +249,20 @@ def _(q, cos, sin, eps):
     return torch.empty_like(q)
 
 
+def queries_kernel(attn: Attention, qn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """model/attention.py Attention.queries on this backend: for a prefill chunk (q_b a Q8_0 product on the tensor
+    cores, the prefill attention reading one float16 part) one pass from q_b's product before its rows are scaled
+    back to float16 queries, bit for bit the float16 of what q_b and head_norm_rope_kernel give, which is what the
+    attention would read (its float32 queries were scaled, normed and rotated, then converted: four passes over
+    [T, H, d] float32, 268 MB each at 2048 tokens of Flash); else q_b, then head_norm_rope_kernel."""
+    cfg, q_b, T = attn.cfg, attn.q_b, qn.shape[0]
+    if T > KERNEL_MAX_T and isinstance(q_b, Q8Linear) and q_b.groups == 1 and attn_triton.reads_float16_queries():
+        y, s = q_b.unscaled_f16(qn)
+        return rope_triton.head_norm_rope_triton(y.view(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps,
+                                                 row_scale=s, out_dtype=torch.float16)
+    return head_norm_rope_kernel(q_b(qn).reshape(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps)
+
+
 def head_norm_rope_kernel(q, cos, sin, eps: float):
     """model/attention.py head_norm_rope on this backend: one kernel (compiled, the PyTorch version of a short step
     was two of the glue's, a reduction and the rotation)."""
@@ -312,6 +327,13 @@ class Q8Linear(nn.Module):
             return project_f16(x, w16, self.groups, self.f16_scale, x16)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
 
+    def unscaled_f16(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A long chunk's product (one group) before its rows are scaled back: x [T, K] float32 -> (y [T, N] float32,
+        scale [T] float32, powers of two) with x @ W.T = y * scale[:, None] (project_f16's product_f16)."""
+        w16 = q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
+        y, s = product_f16(x, w16)
+        return y[0], s * self.f16_scale
+
 
 def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: float = 1.0,
                 x16: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -324,18 +346,24 @@ def project_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1, w_scale: fl
     activations to 8 bits). bf16 parts (hi + lo of each operand, three products: ~5e-6) cost three times the
     tensor-core work and twice the weight's bytes (BENCHMARKS.md). x16: x_f16 of x's rows, made once by a caller
     with several projections of x (LinearGroup)."""
+    y, s = product_f16(x, w16, groups, x16)
+    # scaled in bmm's layout [G, T, N/G], contiguous: a pass over the transpose was ~4x slower (the grouped out_a of
+    # 2048 tokens: ~200 us on the H200)
+    y.mul_((s * w_scale)[:, None])
+    return y.transpose(0, 1).reshape(*x.shape[:-1], w16.shape[0])
+
+
+def product_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1,
+                x16: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """project_f16's product before its rows are scaled back: (y [G, T, N/G] float32, s [T] float32) with group g's
+    projection of row t = y[g, t] * s[t] * w_scale."""
     G, N, K = groups, w16.shape[0], w16.shape[1]
     xs, s = x16 or q8_triton.x_f16(x.reshape(-1, G * K))                  # [T, G*K] float16, [T] float32
     a = xs.view(-1, G, K).transpose(0, 1)                                  # [G, T, K]
     b = w16.view(G, N // G, K).transpose(1, 2)                             # [G, K, N/G]
     if a.is_cuda:
-        y = torch.bmm(a, b, out_dtype=torch.float32)                       # [G, T, N/G]
-    else:      # Triton's interpreter (CPU tests): the same products, exact in float32, and float32 sums
-        y = torch.bmm(a.float(), b.float())
-    # scaled in bmm's layout [G, T, N/G], contiguous: a pass over the transpose was ~4x slower (the grouped out_a of
-    # 2048 tokens: ~200 us on the H200)
-    y.mul_((s * w_scale)[:, None])
-    return y.transpose(0, 1).reshape(*x.shape[:-1], N)
+        return torch.bmm(a, b, out_dtype=torch.float32), s                 # [G, T, N/G]
+    return torch.bmm(a.float(), b.float()), s    # Triton's interpreter (CPU tests): the same products, float32 sums
 
 
 @torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
@@ -493,6 +521,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.index_score = index_score_kernel
             m.top_rows = top_rows_kernel
             m.head_norm_rope = head_norm_rope_kernel
+            m.queries = functools.partial(queries_kernel, m)
             m.kv_row = kv_row_op
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
