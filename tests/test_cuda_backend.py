@@ -456,8 +456,9 @@ def test_tiny_long_prefill_eager_kernels_match_cpu(numerics, query_block, monkey
     through the dequantized path (more than 16 rows), the ratio-4 layers attend each query's own top rows
     (attend_top_kernel: positions 16.. need the indexer); with ds4 numerics the indexer's queries are rounded by
     qat_triton. With queries in blocks of 20 (model/attention.py QUERY_BLOCK; Flash's chunks take 256), the other
-    layers' attention writes each block's rows into the chunk's output (attend_kernel's `out`: two blocks by
-    attend_long_triton, the last 4 rows by the decode kernel and a copy)."""
+    layers' attention writes each block's rows into the chunk's output (attend_kernel's `out`: the queries come as
+    float16 from queries_kernel, so all three blocks by attend_long_triton, the last of 4 rows too; float32 queries'
+    last 4 rows would go to the decode kernel and a copy)."""
     from ds4trt.model import attention
 
     if query_block:

@@ -147,8 +147,9 @@ def _(q, k, mask, sinks, cos, sin):
 def attend_kernel(q, k, mask, sinks, cos, sin, out=None):
     """model/attention.py attend_unrotate on this backend: two kernels for steps of up to attn_triton.MAX_T queries
     (split over the keys, the rotation in the join), else the flash-attention kernel, which rotates as it stores
-    into `out` (a prefill chunk's block of queries)."""
-    if q.shape[0] <= attn_triton.MAX_T:
+    into `out` (a prefill chunk's block of queries; also a chunk's last block of MAX_T or fewer when its queries
+    came as float16 from queries_kernel, which only the flash-attention kernel reads)."""
+    if q.shape[0] <= attn_triton.MAX_T and q.dtype == torch.float32:
         o = attend_op(q, k, mask, sinks, cos, sin)
         return o if out is None else out.copy_(o)
     return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin, out=out)
