@@ -1236,11 +1236,12 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
 
     # the one-pair IQ2_XXS gate/up reads x as _quant_runs's integers: one _moe_prepare program per block of a token
     quant_programs = T * (D // QK) if IQ2_XXS in (gate_type, up_type) else 0
+    # a long call's multi-pair gate/up and down on moe_mma's tensor-core kernels (else _moe_gateup_multi / _down_multi)
+    mma_gateup = long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device)
+    mma_down = long and moe_mma.use_down(down_type, parts, D, cap, device)
     if long:
         E = gate_blocks.shape[0]
-        mma = (moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device)
-               and moe_mma.use_down(down_type, parts, D, cap, device))
-        apart = not (mma and -(-P // E) >= SINGLES_IN_ITEMS_FROM)
+        apart = not (mma_gateup and mma_down and -(-P // E) >= SINGLES_IN_ITEMS_FROM)
         order, cnt, singles, multis = _long_items(flat_ids, E, cap, apart)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:     # for the one-pair items, which the padded list always allows for
@@ -1264,7 +1265,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  QD=down_type == Q2_K, COMPACT=long,
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
-    if n_multi and long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device):
+    if n_multi and mma_gateup:
         moe_mma.gateup_iq2(*x_f16(v), flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks,
                            ws.h, k, clamp, cap)
     elif n_multi:
@@ -1282,7 +1283,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
-    if n_multi and long and moe_mma.use_down(down_type, parts, D, cap, device):
+    if n_multi and mma_down:
         hh, _, hsh, hsl, hinv = split_runs(ws.h)
         moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
     elif n_multi:

@@ -325,15 +325,17 @@ class Q8Linear(nn.Module):
         """x: [..., G*K] float32 -> [..., N]; x16: q8_triton.x_f16 of x's rows, where the caller has it (long chunks)"""
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] > KERNEL_MAX_T:     # long prefill chunks: this weight in float16 for the one product
-            w16 = q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
-            return project_f16(x, w16, self.groups, self.f16_scale, x16)
+            return project_f16(x, self.weight_f16(), self.groups, self.f16_scale, x16)
         return q8_matmul_op(x2, self.quants, self.scales, self.K, self.groups).reshape(*x.shape[:-1], self.N)
+
+    def weight_f16(self) -> torch.Tensor:
+        """The weight as float16 [N, K] standing for f16_scale times it, made for one long chunk's product."""
+        return q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
 
     def unscaled_f16(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A long chunk's product (one group) before its rows are scaled back: x [T, K] float32 -> (y [T, N] float32,
         scale [T] float32, powers of two) with x @ W.T = y * scale[:, None] (project_f16's product_f16)."""
-        w16 = q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
-        y, s = product_f16(x, w16)
+        y, s = product_f16(x, self.weight_f16())
         return y[0], s * self.f16_scale
 
 
