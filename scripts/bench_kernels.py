@@ -11,7 +11,8 @@ zeros; the kernels' time does not depend on the values):
        random routing: each token picks 6 distinct experts uniformly (the bytes grow with the distinct experts);
        shared routing (T > 1): all tokens pick the same 6 experts (the verify best case: T = 1's bytes);
   1b. the q2 MoE of a prefill chunk (T = 256, 512, 1024, 2048 with random routing, 1024 and 2048 with skewed
-      routing; a long call, timed eagerly), each also with DS4_MOE_MMA the other way (moe_mma's kernels or not);
+      routing; a long call, timed eagerly), each also with DS4_MOE_MMA the other way (moe_mma's kernels or not) and
+      with DS4_MOE_WGMMA the other way (moe_mma's gate/up on wgmma or mma.sync);
   2. the Q8_0 projections of a layer and the LM head, T = 1..4 (case `q8_mma`: the tensor-core kernel q8_mma and
      _q8_rows side by side at T = 1..16, and the layer's sum for each; case `read`: a plain streaming read of each one's
      bytes, the time a kernel that only loads them takes at that size: the practical floor of a matrix-vector
@@ -330,33 +331,44 @@ def bench_moe_long(mix: str, bw: float, results: list, sweeps: list | None, conf
             guarded(f"moe {mix} prefill {routing} T={T} long_config={cfg}", results,
                     lambda cfg=cfg, run=run: run(cfg=cfg, label=f" long_config={cfg}"))
         if mix == "q2":            # the same call with DS4_MOE_MMA the other way (moe_mma.DEFAULT_MODE's other); in
-            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None, minb=None):   # the sweep, moe_mma's
-                os.environ["DS4_MOE_MMA"] = mma               # kernels at other warps / table form / gate-up pass /
-                saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE), dict(MM.MIN_BLOCKS)         # programs per SM
+            def run_env(run=run, mma="0", warps=None, nib=None, fuse=None, minb=None, wg=None):   # the sweep,
+                os.environ["DS4_MOE_MMA"] = mma               # moe_mma's kernels at other warps / table form /
+                if wg is not None:                            # gate-up pass / programs per SM / wgmma or not
+                    os.environ["DS4_MOE_WGMMA"] = wg
+                saved = dict(MM.WARPS), MM.NIB, dict(MM.FUSE), dict(MM.MIN_BLOCKS), dict(MM.WG_MIN_BLOCKS)
                 MM.WARPS.update({cap: warps for cap in MM.WARPS} if warps else {})
                 MM.NIB = saved[1] if nib is None else nib
                 MM.FUSE.update({cap: fuse for cap in MM.FUSE} if fuse is not None else {})
                 MM.MIN_BLOCKS.update({cap: minb for cap in MM.MIN_BLOCKS} if minb else {})
+                MM.WG_MIN_BLOCKS.update({cap: minb for cap in MM.WG_MIN_BLOCKS} if minb else {})
                 try:
-                    run(label=f" (DS4_MOE_MMA={mma}" + (f", {warps} warps" if warps else "")
+                    run(label=f" (DS4_MOE_MMA={mma}" + (f", DS4_MOE_WGMMA={wg}" if wg is not None else "")
+                        + (f", {warps} warps" if warps else "")
                         + (f", NIB={int(nib)}" if nib is not None else "")
                         + (f", FUSE={int(fuse)}" if fuse is not None else "")
                         + (f", MINB={minb}" if minb else "") + ")")
                 finally:
                     del os.environ["DS4_MOE_MMA"]
+                    os.environ.pop("DS4_MOE_WGMMA", None)
                     MM.WARPS.update(saved[0])
                     MM.NIB = saved[1]
                     MM.FUSE.update(saved[2])
                     MM.MIN_BLOCKS.update(saved[3])
+                    MM.WG_MIN_BLOCKS.update(saved[4])
             other = "0" if MM.DEFAULT_MODE == "1" else "1"
             guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_MMA={other}", results,
                     lambda run_env=run_env, other=other: run_env(mma=other))
+            wg_other = "0" if MM.WG_DEFAULT_MODE == "1" else "1"       # moe_mma's gate/up on wgmma or not
+            guarded(f"moe {mix} prefill {routing} T={T} DS4_MOE_WGMMA={wg_other}", results,
+                    lambda run_env=run_env, wg_other=wg_other: run_env(mma="1", wg=wg_other))
             if sweeps is not None and T >= 512:
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", nib=not MM.NIB, minb=1))   # no spills
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", fuse=not MM.FUSE[32]))
                 for warps in MM_SWEEP_WARPS:
                     sweeps.append(lambda run_env=run_env, warps=warps: run_env(mma="1", warps=warps))
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", minb=1))     # one program an SM
+                for minb in (1, 2):                                                   # the wgmma gate/up's
+                    sweeps.append(lambda run_env=run_env, minb=minb: run_env(mma="1", wg="1", minb=minb))
                 # 4 warps, four programs an SM: CAP 32's gate/up 126 registers, no spills (sm_90 offline)
                 sweeps.append(lambda run_env=run_env: run_env(mma="1", warps=4, minb=4))
         if T >= 512:

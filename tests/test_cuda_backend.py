@@ -210,6 +210,12 @@ def test_x_f16_equals_torch():
         assert ((ratio[live] >= 0.5) & (ratio[live] < 1)).all() and s[T // 2] == 2.0 ** -126
         want = (x / s[:, None]).to(torch.float16)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"T = {T}, GK = {GK}: values differ"
+    x = torch.randn(19, 512, generator=g)                      # wgmma order: each chunk's values permuted
+    plain, s = q8_triton.x_f16(x.to(DEVICE))
+    got, s_wg = q8_triton.x_f16(x.to(DEVICE), wgmma_order=True)
+    where = q8_triton.wgmma_position(torch.arange(256))
+    assert sorted(where.tolist()) == list(range(256)) and torch.equal(s_wg, s)
+    assert torch.equal(got.cpu().view(19, 2, 256)[:, :, where], plain.cpu().view(19, 2, 256))
 
 
 @kernels

@@ -21,7 +21,7 @@ import torch
 import cuda_emu
 from triton_env import DEVICE, GPU, INTERP
 from ds4trt.plugins import moe as moe_ref
-from ds4trt.plugins.kernels import cuda_launch, moe_mma
+from ds4trt.plugins.kernels import cuda_launch, moe_mma, q8_triton
 from moe_cases import random_moe_inputs
 from test_kernels import CLAMP, TOL_F16, _rel, _seed
 
@@ -82,16 +82,26 @@ def _dev(a, device):
     return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)
 
 
-def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True):
-    """One long call's multi-pair items (apart False: all its items) through gateup_iq2 against float64 w *
-    swiglu(gate x, up x)."""
+def _wgmma_order(xh: torch.Tensor) -> torch.Tensor:
+    """xh [R, D] with each 256-value chunk in q8_triton.wgmma_position's order."""
+    R, D = xh.shape
+    out = torch.empty_like(xh).view(R, D // 256, 256)
+    out[:, :, q8_triton.wgmma_position(torch.arange(256))] = xh.view(R, D // 256, 256)
+    return out.view(R, D)
+
+
+def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
+    """One long call's multi-pair items (apart False: all its items) through gateup_iq2 (wg: its wgmma kernel)
+    against float64 w * swiglu(gate x, up x)."""
     v, ids, w, (gate, up, _) = _inputs(T, E, F, D, k, seed, skew)
     flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
     xh, xscale = _rows_f16(torch.from_numpy(v))
+    if wg:
+        xh = _wgmma_order(xh)
     dev = functools.partial(_dev, device=device)
     h = torch.full((T * k, F), float("nan"), device=device)
     moe_mma.gateup_iq2(dev(xh), dev(xscale), dev(flat), dev(w.reshape(-1)), dev(order), dev(cnt), dev(multis),
-                       dev(gate), dev(up), h, k, CLAMP, cap)
+                       dev(gate), dev(up), h, k, CLAMP, cap, wg)
     h = h.cpu().double()
     _only_pairs_written(h, pairs)
     p = pairs.numpy()
@@ -153,6 +163,27 @@ def test_gateup_iq2_full_items(kernel_device, cap, nib, monkeypatch):
     _check(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma skew", cap), skew=True)
 
 
+def _wgmma_device(kernel_device):
+    if kernel_device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs compute capability 9.0 (H100 / H200)")
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["gate and up in one pass", "apart"])
+@pytest.mark.parametrize("cap", [32, 64])
+def test_gateup_iq2_wgmma_small(kernel_device, cap, fuse, monkeypatch):
+    """The wgmma kernel (moe_gateup_iq2_wg, x in x_f16's wgmma order) on test_gateup_iq2_small's call; on the CPU
+    stand-in its wgmma reads B through the descriptor as PTX describes the no-swizzle layout."""
+    _wgmma_device(kernel_device)
+    monkeypatch.setattr(moe_mma, "FUSE", {cap: fuse})
+    _check(kernel_device, 40, 8, 256, 512, 6, cap, _seed("moe mma wg", cap), wg=True)
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_gateup_iq2_wgmma_full_items(kernel_device, cap):
+    _wgmma_device(kernel_device)
+    _check(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma wg skew", cap), skew=True, wg=True)
+
+
 @pytest.mark.parametrize("cap", [32, 64])
 def test_down_q2k_small(kernel_device, cap):
     """The Q2_K down of the same kind of call: 40 tokens over 8 experts, D = 256 (4 row tiles), F = 512 (2 blocks)."""
@@ -182,26 +213,37 @@ def test_down_q2k_flash_widths(cap):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.parametrize("wg", [False, True], ids=["mma.sync", "wgmma"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_gateup_iq2_flash_widths(cap):
+def test_gateup_iq2_flash_widths(cap, wg):
     """Flash's D = 4096, F = 2048; 256 tokens over 32 experts (48 pairs each)."""
-    _check("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma flash", cap))
+    if wg:
+        _wgmma_device("cuda")
+    _check("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma flash", cap), wg=wg)
 
 
 @pytest.mark.skipif(not (GPU or INTERP and cuda_emu.available()),
                     reason="needs a CUDA GPU, or DS4_TRITON_INTERPRET=1 with triton and g++ (for the Triton kernels "
                            "beside)")
+@pytest.mark.parametrize("wg", [False, True], ids=["mma.sync", "wgmma"])
 @pytest.mark.parametrize("together", [False, True], ids=["one-pair items apart", "one-pair items here too"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together):
+def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
     """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
     alone on expert 7 (a one-pair item: to the one-pair Triton kernels, or with `together`, SINGLES_IN_ITEMS_FROM
-    lowered to 1, to moe_mma's). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the CPU
+    lowered to 1, to moe_mma's); wg: the gate/up on wgmma (DS4_MOE_WGMMA=1; an H100 / H200 only, since use_wgmma
+    asks for compute capability 9.0). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the CPU
     stand-in."""
     from ds4trt.plugins.kernels import moe_triton
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
 
+    if wg:
+        if not (GPU and torch.cuda.get_device_capability() == (9, 0)):
+            pytest.skip("wgmma needs a GPU of compute capability 9.0 (H100 / H200)")
+        monkeypatch.setenv("DS4_MOE_WGMMA", "1")
+        fn = moe_mma.gateup_iq2
+        monkeypatch.setattr(moe_mma, "gateup_iq2", lambda *a: fn(*a) if a[-1] else pytest.fail("not on wgmma"))
     if together:
         monkeypatch.setattr(moe_triton, "SINGLES_IN_ITEMS_FROM", 1)
         monkeypatch.setattr(moe_triton, "_moe_gateup_single", None)       # must not launch
@@ -250,6 +292,12 @@ def test_every_launch_compiles_for_sm90_without_spills():
             if (cap, warps) == (64, 8) and minb is None:
                 bound = SPILL_64_GATEUP if name == "moe_gateup_iq2" else SPILL_64
             assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
+    for cap, warps in moe_mma.WARPS.items():          # the wgmma gate/up, for sm_90a: no spills at WG_MIN_BLOCKS
+        kernel = moe_mma.kernel("moe_gateup_iq2_wg", cap // 8, warps)
+        cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
+        frame = re.search(r"Function properties for moe_gateup_iq2_wg\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
+                          r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert frame and max(map(int, frame.groups())) == 0, f"{kernel}: {frame and frame.group(0)}"
 
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):

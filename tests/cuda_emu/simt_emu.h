@@ -310,3 +310,49 @@ inline void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     for (int i = 0; i < 4; ++i)
         c[i] = d[i];
 }
+
+#if WG
+// wgmma (ptx_ops.cuh's WG part): D rows 16 w .. 16 w + 15 of warp w of the warpgroup take its A fragments (mma's
+// layout, exchanged among the warp's lanes like mma) against B read from shared memory at the moment of the call
+// through the descriptor: no-swizzle core matrices of 8 rows x 16 bytes, element (k, n) at start + (n / 8) * sbo
+// + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2 (PTX ISA's canonical K-major layout). Products summed in double,
+// rounded to float once. fence / commit / wait / the proxy fence / pin are no-ops (a call's result is there at once).
+extern unsigned char smem[];                  // launch.cpp's: the programs' dynamic shared memory
+inline unsigned long long smem_desc(const void* p, u32 lbo, u32 sbo) {
+    const unsigned long long a = (unsigned long long)((const unsigned char*)p - smem);
+    return ((a & 0x3FFFF) >> 4) | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32;
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N> inline void wgmma_wait() {}
+inline void fence_proxy_async() {}
+inline void pin(u32&) {}
+inline void pin(float&) {}
+
+template <int NTILES>
+inline void wgmma(float (&c)[NTILES][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
+    const u32 mine[4] = {a0, a1, a2, a3};
+    const int lane = emu::thread_index() & 31, g = lane >> 2, t = lane & 3;
+    const unsigned char* b = smem + ((desc & 0x3FFF) << 4);
+    const unsigned lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+    auto half = [](u32 w, int i) { return emu::f16_value((u16)(w >> (16 * i))); };
+    float d[NTILES][4];
+    emu::exchange(mine, sizeof mine, [&](auto frag) {
+        for (int nt = 0; nt < NTILES; ++nt)
+            for (int i = 0; i < 4; ++i) {
+                const int r = g + 8 * (i >> 1), n = 8 * nt + 2 * t + (i & 1);
+                double s = c[nt][i];
+                for (int k = 0; k < 16; ++k) {
+                    const u32* fa = (const u32*)frag(4 * (r % 8) + (k % 8) / 2);
+                    u16 bk;
+                    std::memcpy(&bk, b + (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2, 2);
+                    s += half(fa[(r >= 8) + 2 * (k >= 8)], k % 2) * emu::f16_value(bk);
+                }
+                d[nt][i] = (float)s;
+            }
+    });
+    for (int nt = 0; nt < NTILES; ++nt)
+        for (int i = 0; i < 4; ++i)
+            c[nt][i] = d[nt][i];
+}
+#endif

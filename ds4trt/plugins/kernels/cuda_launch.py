@@ -27,7 +27,7 @@ HERE = Path(__file__).parent
 class Kernel(NamedTuple):
     source: str                                  # file name of a .cu in this folder
     name: str                                    # its extern "C" __global__ function
-    defines: tuple[tuple[str, int], ...]         # -D name=value
+    defines: tuple[tuple[str, int], ...]         # -D name=value; WG=1: built for the "a" target (sm_90a: wgmma)
 
 
 def runs_on(device: torch.device) -> bool:
@@ -119,7 +119,7 @@ def _function(device_index: int, kernel: Kernel):
     Not allowed during a CUDA graph capture: the backends run each step once before capturing it."""
     driver = _bindings("driver")
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, _ = compile_cubin(kernel, f"sm_{major}{minor}")
+    cubin, _ = compile_cubin(kernel, f"sm_{major}{minor}" + ("a" if dict(kernel.defines).get("WG") else ""))
     with torch.cuda.device(device_index):
         _make_current(driver, device_index)
         err, module = driver.cuModuleLoadData(cubin)

@@ -80,7 +80,9 @@ __device__ __forceinline__ void zero_dead_slots(unsigned char* buf, int stride, 
 // The loop over K's blocks: stage(blk) issues block blk's copies into buffer blk & 1 (one cp.async group); body(blk)
 // runs when they have landed, with the next block's copies in flight. A buffer is overwritten only after the barrier
 // that ends the last body reading it.
-template <typename Stage, typename Body>
+// ASYNC_READS: the body's tensor cores read the buffer through the async proxy (wgmma), so each thread fences its
+// landed copies before the barrier.
+template <bool ASYNC_READS = false, typename Stage, typename Body>
 __device__ __forceinline__ void pipelined_blocks(int nsb, Stage&& stage, Body&& body) {
     stage(0);
     for (int blk = 0; blk < nsb; ++blk) {
@@ -90,6 +92,10 @@ __device__ __forceinline__ void pipelined_blocks(int nsb, Stage&& stage, Body&& 
         } else {
             cp_async_wait<0>();
         }
+#if WG
+        if (ASYNC_READS)
+            fence_proxy_async();
+#endif
         __syncthreads();
         body(blk);
         __syncthreads();
@@ -280,6 +286,180 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xscale, con
         h[(long long)pslot[s] * F + row0 + r] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
     });
 }
+
+#if WG
+// ---------------------------------------------------------------------------------------------------------------------
+// moe_gateup_iq2_wg: the same products on wgmma (sm_90a; built with WG=1). Each warpgroup (4 warps) issues
+// m64n(CAP)k16 products for its 64 rows: A the same per-warp float16 fragments as above, decoded in registers, B the
+// k step's CAP x 16 tile of x in shared memory, read by the tensor cores themselves (no x fragment reads per 8
+// columns, one instruction per 16 x CAP products a warp instead of CAP / 8). While one run's products run, the next
+// run's values are decoded (their registers stay live until the wait that follows: pin).
+//
+// x comes in x_f16's wgmma order (q8_triton.x_f16(..., wgmma_order=True)): in each 256-value chunk, position
+// 16 ks + 8 kc + 2 t + j holds value 32 (t + 4 h) + 8 r + 4 half + 2 kc + j, k step ks = 8 h + 2 r + half, so that
+// the 16-byte unit u = 2 ks + kc of a token is the K half kc of its row of step ks: lanes t of the fragments above
+// (k slots 2t, 2t + 1 and 8 + 2t, 8 + 2t + 1). In shared memory a step's tile is core matrices (8 tokens x 16
+// bytes), token group after K half: unit (s, u) at wg_unit(s, u); descriptor lbo 128 (K), sbo 256 (N).
+
+#define XS_STEP (CAP * 32)                    // bytes of one k step's tile: CAP tokens x 16 float16
+#define XS_CHUNK (16 * XS_STEP)
+#ifndef DESC_SWAP
+#define DESC_SWAP 0
+#endif
+
+__device__ __forceinline__ int wg_unit(int s, int u) {
+    return (u >> 1) * XS_STEP + (s >> 3) * 256 + (u & 1) * 128 + (s & 7) * 16;
+}
+
+template <int M>
+__device__ __forceinline__ void pin_all(float (*acc)[NT][4]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                pin(acc[m][nt][e]);
+}
+
+// acc[m] += 8 * (one block of matrix w[m], this warp's rows g, g + 8 at byte offsets og, o8) against the chunk whose
+// step 0 tile desc0 describes, for m < M
+template <int M>
+__device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsigned char* const* w, long long og,
+                                                 long long o8, unsigned long long desc0, const TabRow* tab, int t) {
+    float dg[M], d8[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        dg[m] = f16_to_f32(__ldg((const u16*)(w[m] + og)));
+        d8[m] = f16_to_f32(__ldg((const u16*)(w[m] + o8)));
+    }
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+        u32 ag[M], bg[M], a8[M], b8[M], sg[M], s8[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            iq2_record(w[m], og, t + 4 * h, ag[m], bg[m]);
+            iq2_record(w[m], o8, t + 4 * h, a8[m], b8[m]);
+            sg[m] = run_scale(bg[m], dg[m]);
+            s8[m] = run_scale(b8[m], d8[m]);
+        }
+        u32 v[4][M][2][4];                                      // run r: matrix m, row g / g + 8, value pairs
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                iq2_run(tab, ag[m], bg[m], sg[m], r, v[r][m][0]);
+                iq2_run(tab, a8[m], b8[m], s8[m], r, v[r][m][1]);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    pin(v[r][m][i >> 2][i & 3]);
+            }
+            pin_all<M>(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const unsigned long long desc = desc0 + (unsigned long long)(((8 * h + 2 * r + half) * XS_STEP) >> 4);
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    wgmma<NT>(acc[m], v[r][m][0][2 * half], v[r][m][1][2 * half], v[r][m][0][2 * half + 1],
+                              v[r][m][1][2 * half + 1], desc);
+            }
+            wgmma_commit();
+            if (r > 0) {                                        // run r - 1's products done: its registers free
+                wgmma_wait<1>();
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        pin(v[r - 1][m][i >> 2][i & 3]);
+            }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                pin(v[3][m][i >> 2][i & 3]);
+        pin_all<M>(acc);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+moe_gateup_iq2_wg(const u16* __restrict__ xh, const float* __restrict__ xscale, const long long* __restrict__ ids,
+                  const float* __restrict__ wts, const int* __restrict__ order, const int* __restrict__ cnt,
+                  const int* __restrict__ starts, const unsigned char* __restrict__ gate,
+                  const unsigned char* __restrict__ up, const TabRow* __restrict__ tables, float* __restrict__ h,
+                  int n_slots, int F, int D, float clamp) {
+    // as moe_gateup_iq2's, xh in x_f16's wgmma order
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of x
+    TabRow* tab = (TabRow*)(smem + 2 * XS_CHUNK);              // [384]
+    long long* tokrow = (long long*)(smem + 2 * XS_CHUNK + TAB_BYTES);   // [CAP] each slot's token row in xh
+    float* sslot = (float*)(tokrow + CAP);                      // [CAP] each slot's s / 8
+    float* wslot = sslot + CAP;                                 // [CAP]
+    int* pslot = (int*)(wslot + CAP);                           // [CAP]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int item = starts[blockIdx.x], n = cnt[item], nsb = D / 256;
+    if (n < 1)
+        return;
+    const long long row_bytes = (long long)nsb * IQ2_BYTES;
+    const long long e = ids[order[item]];
+    const int row0 = blockIdx.y * ROWS + warp * 16;             // this warp's 16 rows (its warpgroup's 64: warp / 4)
+    const long long og = (e * F + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
+
+    for (int i = tid; i < 384; i += WARPS * 32)
+        tab[i] = __ldg(tables + i);
+    for (int s = tid; s < CAP; s += WARPS * 32) {
+        const int pair = s < n ? order[item + s] : 0;
+        pslot[s] = pair;
+        wslot[s] = s < n ? wts[pair] : 0.f;
+        sslot[s] = s < n ? xscale[pair / n_slots] * 0.125f : 0.f;
+        tokrow[s] = s < n ? (long long)(pair / n_slots) * D : 0;
+    }
+    for (int i = tid; i < 2 * CAP * 32; i += WARPS * 32) {     // slots past the item's pairs: zeros
+        const int s = (i >> 5) % CAP;
+        if (s >= n)
+            *(uint4*)(xs + (i >= CAP * 32) * XS_CHUNK + wg_unit(s, i & 31)) = uint4{0u, 0u, 0u, 0u};
+    }
+    __syncthreads();
+
+    auto stage = [&](int blk) {                                 // chunk blk of the item's tokens into buffer blk & 1
+        unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
+        for (int i = tid; i < CAP * 32; i += WARPS * 32) {      // a warp: 8 tokens x 4 units, 4 core-matrix rows
+            const int s = 8 * ((i >> 5) % (CAP / 8)) + (i & 7), u = 4 * ((i >> 5) / (CAP / 8)) + ((i >> 3) & 3);
+            if (s < n)
+                cp_async16(xb + wg_unit(s, u), xh + tokrow[s] + blk * 256 + u * 8);
+        }
+        cp_async_commit();
+    };
+
+    float acc[2][NT][4];                                        // gate, up
+    zero(acc[0]);
+    zero(acc[1]);
+    const unsigned char* const mats[2] = {gate, up};
+    pipelined_blocks<true>(nsb, stage, [&](int blk) {
+        const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
+        const unsigned long long desc0 = DESC_SWAP ? smem_desc(xb, 256, 128) : smem_desc(xb, 128, 256);
+        const long long bg = og + blk * IQ2_BYTES, b8 = o8 + blk * IQ2_BYTES;
+#if FUSE
+        block_product_wg<2>(acc, mats, bg, b8, desc0, tab, t);
+#else
+        block_product_wg<1>(acc, mats, bg, b8, desc0, tab, t);
+        block_product_wg<1>(acc + 1, mats + 1, bg, b8, desc0, tab, t);
+#endif
+    });
+    for_each_output(n, g, t, [&](int s, int r, int nt, int e4) {
+        const float gv = fminf(acc[0][nt][e4] * sslot[s], clamp);
+        const float uv = fminf(fmaxf(acc[1][nt][e4] * sslot[s], -clamp), clamp);
+        h[(long long)pslot[s] * F + row0 + r] = wslot[s] * (gv / (1.f + expf(-gv))) * uv;
+    });
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------------
 // The Q2_K down product of the same items: y[pair, rows] = down_e h[pair], h as split_runs stores it (a row per pair:

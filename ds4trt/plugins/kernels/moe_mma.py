@@ -62,11 +62,22 @@ FUSE = {32: True, 64: True}
 # forty-fourth session). Those were the gate/up with per-block sums; since 247388a CAP 64's takes 148 registers at 1
 # (no spills) and 128 at 2 (above), not retimed at 1.
 MIN_BLOCKS = {32: 2, 64: 2}
+# The wgmma gate/up (moe_gateup_iq2_wg): programs per SM by CAP (not yet measured), and whether moe_forward takes it
+# (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE; not yet measured, so off).
+WG_MIN_BLOCKS = {32: 2, 64: 1}
+WG_DEFAULT_MODE = "0"
 
 
 def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, device: torch.device) -> bool:
     """Whether a long call's multi-pair gate/up goes to moe_gateup_iq2: IQ2_XXS gate and up, and _enabled."""
     return gate_type == up_type == IQ2_XXS and _enabled(parts, F, cap, device)
+
+
+def use_wgmma(device: torch.device) -> bool:
+    """Whether moe_forward's moe_mma gate/up takes the wgmma kernel (moe_gateup_iq2_wg): DS4_MOE_WGMMA (else
+    WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a)."""
+    return (os.environ.get("DS4_MOE_WGMMA", WG_DEFAULT_MODE) == "1" and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device) -> bool:
@@ -89,22 +100,25 @@ def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:
 
 def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None,
            min_blocks: int | None = None) -> cuda_launch.Kernel:
-    """moe_mma.cu's kernel `name` ("moe_gateup_iq2" or "moe_down_q2k") with NT = nt x tiles, `warps` warps, the
-    gate/up's table form, whether it does gate and up in one pass and the programs per SM its registers must allow
-    (NIB, FUSE[8 nt], MIN_BLOCKS[8 nt] when None)."""
+    """moe_mma.cu's kernel `name` ("moe_gateup_iq2", "moe_gateup_iq2_wg" or "moe_down_q2k") with NT = nt x tiles,
+    `warps` warps, the gate/up's table form, whether it does gate and up in one pass and the programs per SM its
+    registers must allow (NIB, FUSE[8 nt], MIN_BLOCKS[8 nt] when None; the wgmma kernel WG_MIN_BLOCKS)."""
+    wg = name.endswith("_wg")
     nib = NIB if nib is None else nib
     fuse = FUSE.get(8 * nt, False) if fuse is None else fuse
-    min_blocks = MIN_BLOCKS.get(8 * nt, 1) if min_blocks is None else min_blocks
+    min_blocks = (WG_MIN_BLOCKS if wg else MIN_BLOCKS).get(8 * nt, 1) if min_blocks is None else min_blocks
     return cuda_launch.Kernel("moe_mma.cu", name, (("NT", nt), ("WARPS", warps), ("NIB", int(nib)),
-                                                   ("FUSE", int(fuse)), ("MINB", min_blocks)))
+                                                   ("FUSE", int(fuse)), ("MINB", min_blocks))
+                              + ((("WG", 1),) if wg else ()))
 
 
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
-    """gate/up: two chunks of x (cap x XSTRIDE each), the 384 table rows, and per slot its token offset, s / 8,
-    weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and of its run sums (64 bytes a slot),
-    and per slot its pair and 2 invs."""
-    if name == "moe_gateup_iq2":
-        return 2 * cap * XSTRIDE + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
+    """gate/up: two chunks of x (cap x XSTRIDE each; the wgmma kernel's unpadded, cap x 512), the 384 table rows, and
+    per slot its token offset, s / 8, weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and
+    of its run sums (64 bytes a slot), and per slot its pair and 2 invs."""
+    if name.startswith("moe_gateup_iq2"):
+        chunk = cap * 512 if name.endswith("_wg") else cap * XSTRIDE
+        return 2 * chunk + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
     return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
 
 
@@ -140,12 +154,13 @@ def tables(device: torch.device, nib: bool | None = None) -> torch.Tensor:
 
 def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
                cnt: torch.Tensor, starts: torch.Tensor, gate_blocks: torch.Tensor, up_blocks: torch.Tensor,
-               h: torch.Tensor, n_slots: int, clamp: float, cap: int) -> torch.Tensor:
+               h: torch.Tensor, n_slots: int, clamp: float, cap: int, wg: bool = False) -> torch.Tensor:
     """xh float16 [R, D], xscale float32 [R] (q8_triton.x_f16 of the tokens' x: x = xh * xscale, xscale a power of
     two); ids int64 [P] (each pair's expert), weights float32 [P]; order int32 [P], cnt int32 [P + 1] and starts int32
     [items] (moe_triton._long_items: items of 1..cap pairs; a program whose start has cnt 0 returns); gate_blocks,
     up_blocks uint8 [E, F, D / 256 * 66] IQ2_XXS; h float32 [P, F] -> h, its rows of the items' pairs written.
-    Arguments are trusted (moe_forward checked them), apart from the shapes this kernel depends on."""
+    wg: the wgmma kernel (use_wgmma), xh in x_f16's wgmma order. Arguments are trusted (moe_forward checked them),
+    apart from the shapes this kernel depends on."""
     R, D = xh.shape
     E, F, row_bytes = gate_blocks.shape
     warps = WARPS[cap]
@@ -155,8 +170,9 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
         raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (xh {xh.dtype} {list(xh.shape)}, xscale "
                          f"{xscale.dtype} {list(xscale.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, "
                          f"ids {ids.dtype}, cap {cap})")
-    _launch("moe_gateup_iq2", cap, F, starts, (xh, xscale, ids, weights, order, cnt, starts, gate_blocks, up_blocks,
-                                               tables(xh.device), h, n_slots, F, D, (float(clamp), ctypes.c_float)))
+    _launch("moe_gateup_iq2_wg" if wg else "moe_gateup_iq2", cap, F, starts,
+            (xh, xscale, ids, weights, order, cnt, starts, gate_blocks, up_blocks, tables(xh.device), h, n_slots, F,
+             D, (float(clamp), ctypes.c_float)))
     return h
 
 

@@ -1266,8 +1266,9 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi and mma_gateup:
-        moe_mma.gateup_iq2(*x_f16(v), flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks,
-                           ws.h, k, clamp, cap)
+        wg = moe_mma.use_wgmma(v.device)
+        moe_mma.gateup_iq2(*x_f16(v, wg), flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks,
+                           ws.h, k, clamp, cap, wg)
     elif n_multi:
         gbs, gns, gl = LAYOUT[gate_type]
         ubs, uns, ul = LAYOUT[up_type]

@@ -63,4 +63,53 @@ __device__ __forceinline__ void cp_async8(void* shared_dst, const void* global_s
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+#if WG
+// wgmma (sm_90a: moe_mma.cu's WG kernels). A from registers (each warp of the warpgroup its 16 rows, mma's A fragment
+// layout), B from shared memory through a descriptor, D the accumulators (each warp its 16 rows, mma's C layout per 8
+// columns). The instructions are asynchronous: fence before the first after the registers were written, commit the
+// batch, wait before the registers are read or written again.
+
+// the descriptor of a B tile of core matrices (8 rows of 16 bytes each) in shared memory without swizzling: lbo the
+// bytes between core matrices adjacent along K, sbo along N; PTX ISA "matrix descriptor format"
+__device__ __forceinline__ unsigned long long smem_desc(const void* p, u32 lbo, u32 sbo) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
+           (unsigned long long)(sbo >> 4) << 32;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// shared memory written by this thread's ordinary stores or cp.async, read next by the tensor cores (async proxy)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// a register's value taken and given back at this point: its writes stay before, its reads after (no code)
+__device__ __forceinline__ void pin(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void pin(float& f) { asm volatile("" : "+f"(f)::"memory"); }
+
+#define WG_C4(i) "+f"(c[i][0]), "+f"(c[i][1]), "+f"(c[i][2]), "+f"(c[i][3])
+
+// c [64 x 8 NTILES] += A [64 x 16] (this warp's rows: a0..a3) @ B [16 x 8 NTILES] (desc)
+template <int NTILES>
+__device__ __forceinline__ void wgmma(float (&c)[NTILES][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc);
+
+template <>
+__device__ __forceinline__ void wgmma<4>(float (&c)[4][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
+template <>
+__device__ __forceinline__ void wgmma<8>(float (&c)[8][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;"
+                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+#undef WG_C4
+#endif
+
 #endif

@@ -7,8 +7,9 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
         8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
     dequant_f16(quants, scales, K, inv_scale) -> float16 [N, K]: d * q * inv_scale (a power of two) rounded to
         float16, the weight operand of the CUDA backend's long prefill chunks (runtime/backends/cuda.py project_f16).
-    x_f16(x [T, G*K] f32) -> (float16 [T, G*K], s f32 [T]): each row divided by the power of two s just above its
-        largest |value| and rounded to float16, its input side.
+    x_f16(x [T, G*K] f32, wgmma_order=False) -> (float16 [T, G*K], s f32 [T]): each row divided by the power of two
+        s just above its largest |value| and rounded to float16, its input side (wgmma_order: each 256-value chunk
+        permuted for moe_mma's wgmma gate/up, wgmma_position).
 
 Q8_0 block (34 bytes, 32 values; spec ds4_architecture.md §2.8): f16 d | int8 q[32]; value i = d * q[i].
 In the GGUF the blocks follow each other at a 34-byte stride, so a row's quants are only 2-byte aligned and a
@@ -245,10 +246,12 @@ def _dequant_f16(q_ptr, d_ptr, out_ptr, N, inv_scale, K: tl.constexpr, BR: tl.co
 
 
 @triton.jit
-def _x_f16(x_ptr, m_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+def _x_f16(x_ptr, m_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+           WGMMA_ORDER: tl.constexpr = False):
     """Program (p, c): rows p*BT.. and inputs c*BK.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to
     nearest even, s [T] (stored by the programs c = 0) the power of two with the row's max |x|, m [T], in [s/2, s)
-    (2^-126 for a row of zeros or subnormals; finite rows below 2^126)."""
+    (2^-126 for a row of zeros or subnormals; finite rows below 2^126). WGMMA_ORDER: each 256-value chunk's values
+    stored in wgmma_position's order (BK a multiple of 256)."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     live = rows < T
     m = tl.load(m_ptr + rows, mask=live, other=0.0)
@@ -260,6 +263,11 @@ def _x_f16(x_ptr, m_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, 
     mask = live[:, None] & (k < GK)[None, :]
     off = rows.to(tl.int64)[:, None] * GK + k[None, :]
     v = tl.load(x_ptr + off, mask=mask, other=0.0)
+    if WGMMA_ORDER:
+        o = k % 256                                  # wgmma_position in Triton: value o of a chunk -> its position
+        sb, r, i = o >> 5, (o >> 3) & 3, o & 7
+        p = (k - o) + 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
+        off = rows.to(tl.int64)[:, None] * GK + p[None, :]
     tl.store(out_ptr + off, (v * inv[:, None]).to(tl.float16), mask=mask)
 
 
@@ -393,19 +401,29 @@ def call_operands(what: str, x: torch.Tensor, quants: torch.Tensor, scales: torc
     return x, quants, scales, out
 
 
-def x_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
+    """Where value o (0..255) of a 256-value chunk goes in x_f16's wgmma order (moe_mma.cu moe_gateup_iq2_wg): with
+    o = 32 sb + 8 r + i (sub-block sb = t + 4 h, run r, value i = 4 half + 2 kc + j), position 16 (8 h + 2 r + half)
+    + 8 kc + 2 t + j."""
+    sb, r, i = o >> 5, (o >> 3) & 3, o & 7
+    return 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
+
+
+def x_f16(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The input side of project_f16 (runtime/backends/cuda.py) in two passes (the rows' maxima, then one kernel):
     x float32 [T, GK] -> (float16 [T, GK], s float32 [T]) with row t = x[t] / s[t] rounded to nearest even, s[t]
-    the power of two with max |x[t]| in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16))."""
-    if x.dtype != torch.float32 or x.dim() != 2:
-        raise ValueError(f"x_f16: expected float32 [T, GK], got {x.dtype} {list(x.shape)}")
+    the power of two with max |x[t]| in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16)).
+    wgmma_order: each 256-value chunk of a row in wgmma_position's order (GK a multiple of 256)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or wgmma_order and x.shape[1] % 256:
+        raise ValueError(f"x_f16: expected float32 [T, GK]{' with GK % 256 == 0' if wgmma_order else ''}, got "
+                         f"{x.dtype} {list(x.shape)}")
     T, GK = x.shape
     x = x.contiguous()
     m = torch.linalg.vector_norm(x, float("inf"), dim=1)                           # [T] max |x|, one pass
     out = torch.empty(T, GK, dtype=torch.float16, device=x.device)
     s = torch.empty(T, dtype=torch.float32, device=x.device)
     _x_f16[(triton.cdiv(T, X_F16_BT), triton.cdiv(GK, X_F16_BK))](x, m, out, s, T, GK=GK, BT=X_F16_BT, BK=X_F16_BK,
-                                                                   num_warps=PARTS_WARPS)
+                                                                   WGMMA_ORDER=wgmma_order, num_warps=PARTS_WARPS)
     return out, s
 
 
