@@ -323,7 +323,11 @@ __device__ __forceinline__ void pin_all(float (*acc)[NT][4]) {
 }
 
 // acc[m] += 8 * (one block of matrix w[m], this warp's rows g, g + 8 at byte offsets og, o8) against the chunk whose
-// step 0 tile desc0 describes, for m < M
+// step 0 tile desc0 describes, for m < M. The block's 8 runs (sub-block half h, run r: q = 4 h + r) in one unrolled
+// sequence, both halves' records loaded first (WG_FLAT 1), or one half after the other with a wait between (0).
+#ifndef WG_FLAT
+#define WG_FLAT 1
+#endif
 template <int M>
 __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsigned char* const* w, long long og,
                                                  long long o8, unsigned long long desc0, const TabRow* tab, int t) {
@@ -333,26 +337,31 @@ __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsi
         dg[m] = f16_to_f32(__ldg((const u16*)(w[m] + og)));
         d8[m] = f16_to_f32(__ldg((const u16*)(w[m] + o8)));
     }
+    constexpr int HALVES = WG_FLAT ? 2 : 1;                     // halves of the block per pass
 #pragma unroll 1
-    for (int h = 0; h < 2; ++h) {
-        u32 ag[M], bg[M], a8[M], b8[M], sg[M], s8[M];
+    for (int pass = 0; pass < 2 / HALVES; ++pass) {
+        u32 ag[HALVES][M], bg[HALVES][M], a8[HALVES][M], b8[HALVES][M], sg[HALVES][M], s8[HALVES][M];
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            iq2_record(w[m], og, t + 4 * h, ag[m], bg[m]);
-            iq2_record(w[m], o8, t + 4 * h, a8[m], b8[m]);
-            sg[m] = run_scale(bg[m], dg[m]);
-            s8[m] = run_scale(b8[m], d8[m]);
-        }
-        u32 v[4][M][2][4];                                      // run r: matrix m, row g / g + 8, value pairs
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int hh = 0; hh < HALVES; ++hh)
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                iq2_run(tab, ag[m], bg[m], sg[m], r, v[r][m][0]);
-                iq2_run(tab, a8[m], b8[m], s8[m], r, v[r][m][1]);
+                const int h = pass * HALVES + hh;
+                iq2_record(w[m], og, t + 4 * h, ag[hh][m], bg[hh][m]);
+                iq2_record(w[m], o8, t + 4 * h, a8[hh][m], b8[hh][m]);
+                sg[hh][m] = run_scale(bg[hh][m], dg[m]);
+                s8[hh][m] = run_scale(b8[hh][m], d8[m]);
+            }
+        u32 v[4 * HALVES][M][2][4];                             // run q: matrix m, row g / g + 8, value pairs
+#pragma unroll
+        for (int q = 0; q < 4 * HALVES; ++q) {
+            const int hh = q >> 2, r = q & 3, h = pass * HALVES + hh;
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                iq2_run(tab, ag[hh][m], bg[hh][m], sg[hh][m], r, v[q][m][0]);
+                iq2_run(tab, a8[hh][m], b8[hh][m], s8[hh][m], r, v[q][m][1]);
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
-                    pin(v[r][m][i >> 2][i & 3]);
+                    pin(v[q][m][i >> 2][i & 3]);
             }
             pin_all<M>(acc);
             wgmma_fence();
@@ -361,17 +370,17 @@ __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsi
                 const unsigned long long desc = desc0 + (unsigned long long)(((8 * h + 2 * r + half) * XS_STEP) >> 4);
 #pragma unroll
                 for (int m = 0; m < M; ++m)
-                    wgmma<NT>(acc[m], v[r][m][0][2 * half], v[r][m][1][2 * half], v[r][m][0][2 * half + 1],
-                              v[r][m][1][2 * half + 1], desc);
+                    wgmma<NT>(acc[m], v[q][m][0][2 * half], v[q][m][1][2 * half], v[q][m][0][2 * half + 1],
+                              v[q][m][1][2 * half + 1], desc);
             }
             wgmma_commit();
-            if (r > 0) {                                        // run r - 1's products done: its registers free
+            if (q > 0) {                                        // run q - 1's products done: its registers free
                 wgmma_wait<1>();
 #pragma unroll
                 for (int m = 0; m < M; ++m)
 #pragma unroll
                     for (int i = 0; i < 8; ++i)
-                        pin(v[r - 1][m][i >> 2][i & 3]);
+                        pin(v[q - 1][m][i >> 2][i & 3]);
             }
         }
         wgmma_wait<0>();
@@ -379,7 +388,7 @@ __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsi
         for (int m = 0; m < M; ++m)
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                pin(v[3][m][i >> 2][i & 3]);
+                pin(v[4 * HALVES - 1][m][i >> 2][i & 3]);
         pin_all<M>(acc);
     }
 }
