@@ -21,7 +21,7 @@ import torch
 import cuda_emu
 from triton_env import DEVICE, GPU, INTERP
 from ds4trt.plugins import moe as moe_ref
-from ds4trt.plugins.kernels import cuda_launch, moe_mma, q8_triton
+from ds4trt.plugins.kernels import cuda_launch, moe_mma, moe_triton, q8_triton
 from moe_cases import random_moe_inputs
 from test_kernels import CLAMP, TOL_F16, _rel, _seed
 
@@ -82,11 +82,11 @@ def _dev(a, device):
     return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device)
 
 
-def _wgmma_order(xh: torch.Tensor) -> torch.Tensor:
-    """xh [R, D] with each 256-value chunk in q8_triton.wgmma_position's order."""
+def _permuted(xh: torch.Tensor, position) -> torch.Tensor:
+    """xh [R, D] with value o of each 256-value chunk moved to position(o) (a wgmma kernel's order)."""
     R, D = xh.shape
     out = torch.empty_like(xh).view(R, D // 256, 256)
-    out[:, :, q8_triton.wgmma_position(torch.arange(256))] = xh.view(R, D // 256, 256)
+    out[:, :, position(torch.arange(256))] = xh.view(R, D // 256, 256)
     return out.view(R, D)
 
 
@@ -97,7 +97,7 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
     flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
     xh, xscale = _rows_f16(torch.from_numpy(v))
     if wg:
-        xh = _wgmma_order(xh)
+        xh = _permuted(xh, q8_triton.wgmma_position)
     dev = functools.partial(_dev, device=device)
     h = torch.full((T * k, F), float("nan"), device=device)
     moe_mma.gateup_iq2(dev(xh), dev(xscale), dev(flat), dev(w.reshape(-1)), dev(order), dev(cnt), dev(multis),
@@ -117,9 +117,10 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
     assert err <= TOL_F16, f"T = {T}, cap = {cap}: relative error {err:.3g}"
 
 
-def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True):
-    """One long call's multi-pair items through down_q2k against float64 down_e h[pair], h ~ N(0, 1) per pair with
-    a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts matter)."""
+def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
+    """One long call's multi-pair items through down_q2k (wg: its wgmma kernel) against float64 down_e h[pair], h ~
+    N(0, 1) per pair with a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts
+    matter)."""
     v, ids, _, (_, _, down) = _inputs(T, E, F, D, k, seed, skew)
     rng = np.random.default_rng(seed + 1)
     hv = rng.standard_normal((T * k, F)).astype(np.float32)
@@ -128,10 +129,12 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True):
     hv[1::5] += 30                                  # a large mean: the min term cancels most of the main one
     flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
     hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
+    if wg:
+        hh = _permuted(hh, moe_triton.down_wgmma_position)
     dev = functools.partial(_dev, device=device)
     y = torch.full((T * k, D), float("nan"), device=device)
     moe_mma.down_q2k(dev(hh), dev(hsh), dev(hsl), dev(hinv), dev(flat), dev(order), dev(cnt), dev(multis),
-                     dev(down), y, cap)
+                     dev(down), y, cap, wg)
     y = y.cpu().double()
     _only_pairs_written(y, pairs)
     p = pairs.numpy()
@@ -185,6 +188,15 @@ def test_gateup_iq2_wgmma_full_items(kernel_device, cap):
 
 
 @pytest.mark.parametrize("cap", [32, 64])
+def test_down_q2k_wgmma(kernel_device, cap):
+    """The wgmma down (moe_down_q2k_wg, h in split_runs' wgmma order) on test_down_q2k_small's and
+    test_down_q2k_full_items' calls."""
+    _wgmma_device(kernel_device)
+    _check_down(kernel_device, 40, 8, 512, 256, 6, cap, _seed("moe mma down wg", cap), wg=True)
+    _check_down(kernel_device, 100, 8, 256, 256, 2, cap, _seed("moe mma down wg skew", cap), skew=True, wg=True)
+
+
+@pytest.mark.parametrize("cap", [32, 64])
 def test_down_q2k_small(kernel_device, cap):
     """The Q2_K down of the same kind of call: 40 tokens over 8 experts, D = 256 (4 row tiles), F = 512 (2 blocks)."""
     _check_down(kernel_device, 40, 8, 512, 256, 6, cap, _seed("moe mma down", cap))
@@ -207,9 +219,12 @@ def test_one_pair_items_too(kernel_device, cap):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
+@pytest.mark.parametrize("wg", [False, True], ids=["mma.sync", "wgmma"])
 @pytest.mark.parametrize("cap", [32, 64])
-def test_down_q2k_flash_widths(cap):
-    _check_down("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma down flash", cap))
+def test_down_q2k_flash_widths(cap, wg):
+    if wg:
+        _wgmma_device("cuda")
+    _check_down("cuda", 256, 32, 2048, 4096, 6, cap, _seed("moe mma down flash", cap), wg=wg)
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (scripts/gpu_kernels.sh on the H200)")
@@ -292,12 +307,13 @@ def test_every_launch_compiles_for_sm90_without_spills():
             if (cap, warps) == (64, 8) and minb is None:
                 bound = SPILL_64_GATEUP if name == "moe_gateup_iq2" else SPILL_64
             assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
-    for cap, warps in moe_mma.WARPS.items():          # the wgmma gate/up, for sm_90a: no spills at WG_MIN_BLOCKS
-        kernel = moe_mma.kernel("moe_gateup_iq2_wg", cap // 8, warps)
-        cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
-        frame = re.search(r"Function properties for moe_gateup_iq2_wg\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
-                          r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        assert frame and max(map(int, frame.groups())) == 0, f"{kernel}: {frame and frame.group(0)}"
+    for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels, for sm_90a: no spills at WG_MIN_BLOCKS
+        for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):
+            kernel = moe_mma.kernel(name, cap // 8, warps, fuse=name.startswith("moe_gateup") and None)
+            cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
+            frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
+                              rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            assert frame and max(map(int, frame.groups())) == 0, f"{kernel}: {frame and frame.group(0)}"
 
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):

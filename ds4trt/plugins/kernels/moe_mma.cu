@@ -617,3 +617,164 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
     });
     for_each_output(n, g, t, [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4]; });
 }
+
+#if WG
+// ---------------------------------------------------------------------------------------------------------------------
+// moe_down_q2k_wg: the down on wgmma (sm_90a; built with WG=1), as moe_down_q2k: per block the min term (m of the 16
+// runs against the run sums' hi and lo parts: two k16 products) and the main term (sc * q against h's hi parts: 16
+// k steps), each into its own accumulators, then both scaled into acc with d / dmin and the block's inv, as above.
+// A the same per-warp float16 fragments as moe_down_q2k's, B tiles in shared memory read by the tensor cores (the
+// layout of moe_gateup_iq2_wg: core matrices of 8 tokens x 16 bytes, token group after K half).
+//
+// h's hi parts come in split_runs' wgmma order (moe_triton.down_wgmma_position): in each 256-value chunk, position
+// 16 ks + 8 kc + 2 t + b holds value 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, k step ks = 8 n + 2 j + hw: the K half
+// kc of lane t's 4 values of step (n, j, hw) above. The run sums need no permutation: k slot c of the min term's
+// product is run c (a0 / a1 runs 2t, 2t + 1, a2 / a3 runs 2t + 8, 2t + 9), so a token's 16 sums are its row.
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
+                const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
+                const int* __restrict__ cnt, const int* __restrict__ starts, const unsigned char* __restrict__ down,
+                float* __restrict__ y, int D, int F) {
+    // as moe_down_q2k's, hh in split_runs' wgmma order
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of h
+    unsigned char* ss = smem + 2 * XS_CHUNK;                    // [2][2][CAP * 32]: their run sums, hi and lo tiles
+    long long* prow = (long long*)(ss + 4 * CAP * 32);          // [CAP] each slot's pair
+    float* inv = (float*)(prow + CAP);                          // [2][CAP]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int item = starts[blockIdx.x], n = cnt[item], nsb = F / 256;
+    if (n < 1)                                                  // past the list's items
+        return;
+    const long long row_bytes = (long long)nsb * Q2K_BYTES;
+    const long long e = ids[order[item]];
+    const int row0 = blockIdx.y * ROWS + warp * 16;
+    const long long og = (e * D + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
+
+    for (int s = tid; s < CAP; s += WARPS * 32)
+        prow[s] = s < n ? (long long)order[item + s] : 0;
+    for (int i = tid; i < 2 * CAP * 36; i += WARPS * 32) {     // slots past the item's pairs: zeros
+        const int s = (i / 36) % CAP, u = i % 36, buf = i / (36 * CAP);
+        if (s < n)
+            continue;
+        unsigned char* p = u < 32 ? xs + buf * XS_CHUNK + wg_unit(s, u)
+                                  : ss + (2 * buf + ((u - 32) >> 1)) * CAP * 32 + (s >> 3) * 256 + (u & 1) * 128 +
+                                        (s & 7) * 16;
+        *(uint4*)p = uint4{0u, 0u, 0u, 0u};
+    }
+    __syncthreads();
+
+    auto stage = [&](int blk) {
+        unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
+        unsigned char* sb = ss + (blk & 1) * 2 * CAP * 32;
+        for (int i = tid; i < CAP * 36; i += WARPS * 32) {      // a warp: 8 tokens x 4 units, 4 core-matrix rows
+            if (i < CAP * 32) {
+                const int s = 8 * ((i >> 5) % (CAP / 8)) + (i & 7), u = 4 * ((i >> 5) / (CAP / 8)) + ((i >> 3) & 3);
+                if (s < n)
+                    cp_async16(xb + wg_unit(s, u), hh + prow[s] * F + blk * 256 + u * 8);
+            } else {
+                const int s = (i - CAP * 32) % CAP, u = (i - CAP * 32) / CAP;    // u: (hi / lo) x K half
+                if (s < n)
+                    cp_async16(sb + (u >> 1) * CAP * 32 + (s >> 3) * 256 + (u & 1) * 128 + (s & 7) * 16,
+                               ((u >> 1) ? hsl : hsh) + prow[s] * (F / 16) + blk * 16 + (u & 1) * 8);
+            }
+        }
+        cp_async_commit();
+        for (int s = tid; s < CAP; s += WARPS * 32)
+            inv[(blk & 1) * CAP + s] = s < n ? hinv[prow[s] * nsb + blk] : 0.f;
+    };
+
+    float acc[NT][4];
+    zero(acc);
+    pipelined_blocks<true>(nsb, stage, [&](int blk) {
+        const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
+        const unsigned char* sb = ss + (blk & 1) * 2 * CAP * 32;
+        const float* ib = inv + (blk & 1) * CAP;
+        const unsigned long long desc_h = DESC_SWAP ? smem_desc(xb, 256, 128) : smem_desc(xb, 128, 256);
+        const unsigned long long desc_sh = DESC_SWAP ? smem_desc(sb, 256, 128) : smem_desc(sb, 128, 256);
+        const unsigned long long desc_sl = desc_sh + ((CAP * 32) >> 4);
+        const long long bg = og + (long long)blk * Q2K_BYTES, b8 = o8 + (long long)blk * Q2K_BYTES;
+        u32 scg[4], sc8[4];                                     // the 16 scale bytes of rows g, g + 8
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            scg[i] = __ldg((const u32*)(down + bg) + i);
+            sc8[i] = __ldg((const u32*)(down + b8) + i);
+        }
+        const u32 ddg = __ldg((const u32*)(down + bg + 80)), dd8 = __ldg((const u32*)(down + b8 + 80));
+        float cmin[NT][4], cmain[NT][4];
+        u32 mm[4];                                              // the min term's A: m of runs 2t, 2t + 1 / + 8
+        {
+            const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
+            mm[0] = byte_pair_f16((pick(scg, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+            mm[1] = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+            mm[2] = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+            mm[3] = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            pin(mm[i]);
+        pin_all<1>(&cmin);
+        pin_all<1>(&cmain);
+        wgmma_fence();
+        wgmma<NT, 0>(cmin, mm[0], mm[1], mm[2], mm[3], desc_sh);
+        wgmma<NT, 1>(cmin, mm[0], mm[1], mm[2], mm[3], desc_sl);
+        wgmma_commit();
+        u32 a[16][4];                                           // k step q = 8 half + 2 j + hw
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u32 qg[2], q8[2];                                   // qs words (half, t + 4hw) of rows g, g + 8
+#pragma unroll
+            for (int hw = 0; hw < 2; ++hw) {
+                qg[hw] = __ldg((const u32*)(down + bg + 16 + 32 * half + 4 * (t + 4 * hw)));
+                q8[hw] = __ldg((const u32*)(down + b8 + 16 + 32 * half + 4 * (t + 4 * hw)));
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 sg = (half ? scg[2 + (j >> 1)] : scg[j >> 1]) & 0x0f0f0f0fu;
+                const u32 s8 = (half ? sc8[2 + (j >> 1)] : sc8[j >> 1]) & 0x0f0f0f0fu;
+#pragma unroll
+                for (int hw = 0; hw < 2; ++hw) {
+                    const int q = 8 * half + 2 * j + hw;
+                    const u32 b = 2 * (j & 1) + hw;
+                    const u32 sel = 0x4040u | b | (b << 8);
+                    const u32 scale_g = byte_pair_f16(sg, sel), scale_8 = byte_pair_f16(s8, sel);
+                    const u32 wg = (qg[hw] >> (2 * j)) & 0x03030303u, w8 = (q8[hw] >> (2 * j)) & 0x03030303u;
+                    a[q][0] = mul_f16x2(byte_pair_f16(wg, 0x4140u), scale_g);
+                    a[q][1] = mul_f16x2(byte_pair_f16(w8, 0x4140u), scale_8);
+                    a[q][2] = mul_f16x2(byte_pair_f16(wg, 0x4342u), scale_g);
+                    a[q][3] = mul_f16x2(byte_pair_f16(w8, 0x4342u), scale_8);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        pin(a[q][i]);
+                    wgmma_fence();
+                    const unsigned long long desc = desc_h + (unsigned long long)((q * XS_STEP) >> 4);
+                    if (q == 0)
+                        wgmma<NT, 0>(cmain, a[q][0], a[q][1], a[q][2], a[q][3], desc);
+                    else
+                        wgmma<NT, 1>(cmain, a[q][0], a[q][1], a[q][2], a[q][3], desc);
+                    wgmma_commit();
+                    wgmma_wait<1>();                            // the group before done: its A registers free
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        pin(q == 0 ? mm[i] : a[q - 1][i]);
+                }
+            }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            pin(a[15][i]);
+        pin_all<1>(&cmin);
+        pin_all<1>(&cmain);
+        add_scaled(acc, cmin, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
+        add_scaled(acc, cmain, f16_to_f32((u16)ddg), f16_to_f32((u16)dd8), ib, t);
+    });
+    for_each_output(n, g, t, [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4]; });
+}
+#endif
+

@@ -74,8 +74,8 @@ def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, devic
 
 
 def use_wgmma(device: torch.device) -> bool:
-    """Whether moe_forward's moe_mma gate/up takes the wgmma kernel (moe_gateup_iq2_wg): DS4_MOE_WGMMA (else
-    WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a)."""
+    """Whether moe_forward's moe_mma kernels are the wgmma ones (moe_gateup_iq2_wg, moe_down_q2k_wg): DS4_MOE_WGMMA
+    (else WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a)."""
     return (os.environ.get("DS4_MOE_WGMMA", WG_DEFAULT_MODE) == "1" and device.type == "cuda"
             and torch.cuda.get_device_capability(device) == (9, 0))
 
@@ -100,9 +100,9 @@ def _enabled(parts: int, rows: int, cap: int, device: torch.device) -> bool:
 
 def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool | None = None,
            min_blocks: int | None = None) -> cuda_launch.Kernel:
-    """moe_mma.cu's kernel `name` ("moe_gateup_iq2", "moe_gateup_iq2_wg" or "moe_down_q2k") with NT = nt x tiles,
-    `warps` warps, the gate/up's table form, whether it does gate and up in one pass and the programs per SM its
-    registers must allow (NIB, FUSE[8 nt], MIN_BLOCKS[8 nt] when None; the wgmma kernel WG_MIN_BLOCKS)."""
+    """moe_mma.cu's kernel `name` ("moe_gateup_iq2", "moe_down_q2k", or either with "_wg": on wgmma) with NT = nt x
+    tiles, `warps` warps, the gate/up's table form, whether it does gate and up in one pass and the programs per SM its
+    registers must allow (NIB, FUSE[8 nt], MIN_BLOCKS[8 nt] when None; the wgmma kernels WG_MIN_BLOCKS)."""
     wg = name.endswith("_wg")
     nib = NIB if nib is None else nib
     fuse = FUSE.get(8 * nt, False) if fuse is None else fuse
@@ -119,7 +119,7 @@ def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
     if name.startswith("moe_gateup_iq2"):
         chunk = cap * 512 if name.endswith("_wg") else cap * XSTRIDE
         return 2 * chunk + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
-    return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
+    return 2 * cap * ((512 if name.endswith("_wg") else XSTRIDE) + 64) + cap * (8 + 8)
 
 
 @functools.cache
@@ -178,10 +178,11 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
 
 def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch.Tensor, ids: torch.Tensor,
              order: torch.Tensor, cnt: torch.Tensor, starts: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor,
-             cap: int) -> torch.Tensor:
+             cap: int, wg: bool = False) -> torch.Tensor:
     """hh float16 [P, F], hsh, hsl float16 [P, F / 16], hinv float32 [P, F / 256] (split_runs of h: hi, the run sums'
     hi and lo, inv); ids int64 [P]; order, cnt, starts as gateup_iq2's; down_blocks uint8 [E, D, F / 256 * 84] Q2_K;
-    y float32 [P, D] -> y, its rows of the items' pairs written."""
+    y float32 [P, D] -> y, its rows of the items' pairs written. wg: the wgmma kernel (use_wgmma), hh in split_runs'
+    wgmma order."""
     P, F = hh.shape
     E, D, row_bytes = down_blocks.shape
     warps = WARPS[cap]
@@ -191,7 +192,8 @@ def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch
         raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
                          f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y "
                          f"{list(y.shape)}, ids {ids.dtype}, cap {cap})")
-    _launch("moe_down_q2k", cap, D, starts, (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
+    _launch("moe_down_q2k_wg" if wg else "moe_down_q2k", cap, D, starts,
+            (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
     return y
 
 
