@@ -87,7 +87,8 @@ def test_split_runs_splits_each_chunk_exactly_enough():
     assert sorted(where.tolist()) == list(range(256))
     for plain, perm in zip((hi, lo), got[:2]):
         assert torch.equal(perm.view(R, K // 256, 256)[:, :, where], plain.view(R, K // 256, 256))
-    assert all(torch.equal(a, b) for a, b in zip(got[2:], (shi, slo, inv)))
+    assert torch.equal(got[4], inv)             # the run sums (their own reduction order): as exact as the plain ones
+    assert ((got[2].double() + got[3].double()).reshape(R, K // 256, 16) - runs).abs().le(amax * scale * 2.0 ** -18).all()
 
 
 @needs_triton

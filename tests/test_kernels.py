@@ -600,11 +600,18 @@ def test_head_norm_rope_vs_float64(shape):
     assert got.shape == want.shape
     assert _rel(got, want) <= TOL, f"relative error {_rel(got, want):.2e}"
     # a prefill chunk's form: the rows given unscaled beside their power-of-two scales, the results in float16 are
-    # bit for bit the float16 of the plain call on the scaled rows
+    # the float16 of the plain call on the scaled rows, within one float16 step (on Triton's interpreter bit for bit;
+    # compiled for an H100 the two forms' float32 arithmetic differs in the last bits, so a few values round the other
+    # way), and against float64 within float16's rounding
     s = torch.ldexp(torch.ones(T), torch.randint(-20, 20, (T,), generator=g)).to(DEVICE)
     fused = head_norm_rope_triton((x.to(DEVICE) / s[:, None, None]), cos.to(DEVICE), sin.to(DEVICE), 1e-6,
                                   row_scale=s, out_dtype=torch.float16)
-    assert fused.dtype == torch.float16 and torch.equal(fused.view(torch.int16), got.half().view(torch.int16))
+    assert fused.dtype == torch.float16
+    ref = got.half().float().cpu()
+    step = torch.ldexp(torch.ones_like(ref), torch.frexp(ref).exponent - 11).clamp(min=2.0 ** -24)   # float16's
+    far = (fused.float().cpu() - ref).abs() > step
+    assert not far.any(), f"{far.sum()} values more than one float16 step from the float32 call's"
+    assert _rel(fused.float(), want) <= TOL_F16, f"relative error {_rel(fused.float(), want):.2e}"
 
 
 # (ratio, c, n_rot, n_nope, post): Flash's compressors (ratio 128 and 4 KV rows, the ratio-4 indexer's), the tiny

@@ -257,8 +257,9 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
         if not (GPU and torch.cuda.get_device_capability() == (9, 0)):
             pytest.skip("wgmma needs a GPU of compute capability 9.0 (H100 / H200)")
         monkeypatch.setenv("DS4_MOE_WGMMA", "1")
-        fn = moe_mma.gateup_iq2
-        monkeypatch.setattr(moe_mma, "gateup_iq2", lambda *a: fn(*a) if a[-1] else pytest.fail("not on wgmma"))
+        for name in ("gateup_iq2", "down_q2k"):
+            monkeypatch.setattr(moe_mma, name, lambda *a, f=getattr(moe_mma, name): f(*a) if a[-1] is True
+                                else pytest.fail("not on wgmma"))
     if together:
         monkeypatch.setattr(moe_triton, "SINGLES_IN_ITEMS_FROM", 1)
         monkeypatch.setattr(moe_triton, "_moe_gateup_single", None)       # must not launch
@@ -307,13 +308,16 @@ def test_every_launch_compiles_for_sm90_without_spills():
             if (cap, warps) == (64, 8) and minb is None:
                 bound = SPILL_64_GATEUP if name == "moe_gateup_iq2" else SPILL_64
             assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
-    for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels, for sm_90a: no spills at WG_MIN_BLOCKS
-        for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):
+    WG_SPILL_64_GATEUP = 64
+    for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels, for sm_90a: no spills at WG_MIN_BLOCKS but
+        for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):    # CAP 64's gate/up at two programs an SM (60 bytes)
             kernel = moe_mma.kernel(name, cap // 8, warps, fuse=name.startswith("moe_gateup") and None)
             cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                               rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            assert frame and max(map(int, frame.groups())) == 0, f"{kernel}: {frame and frame.group(0)}"
+            bound = WG_SPILL_64_GATEUP if (name, cap, moe_mma.WG_MIN_BLOCKS[cap]) == ("moe_gateup_iq2_wg", 64, 2) \
+                else 0
+            assert frame and max(map(int, frame.groups())) <= bound, f"{kernel}: {frame and frame.group(0)}"
 
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):

@@ -621,8 +621,8 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 #if WG
 // ---------------------------------------------------------------------------------------------------------------------
 // moe_down_q2k_wg: the down on wgmma (sm_90a; built with WG=1), as moe_down_q2k: per block the min term (m of the 16
-// runs against the run sums' hi and lo parts: two k16 products) and the main term (sc * q against h's hi parts: 16
-// k steps), each into its own accumulators, then both scaled into acc with d / dmin and the block's inv, as above.
+// runs against the run sums' hi and lo parts: two k16 products), scaled into acc with dmin and the block's inv, then
+// the main term (sc * q against h's hi parts: 16 k steps) in the same accumulators, scaled with d, as above.
 // A the same per-warp float16 fragments as moe_down_q2k's, B tiles in shared memory read by the tensor cores (the
 // layout of moe_gateup_iq2_wg: core matrices of 8 tokens x 16 bytes, token group after K half).
 //
@@ -706,7 +706,7 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
             sc8[i] = __ldg((const u32*)(down + b8) + i);
         }
         const u32 ddg = __ldg((const u32*)(down + bg + 80)), dd8 = __ldg((const u32*)(down + b8 + 80));
-        float cmin[NT][4], cmain[NT][4];
+        float c[NT][4];                                         // the min term's products, then the main term's
         u32 mm[4];                                              // the min term's A: m of runs 2t, 2t + 1 / + 8
         {
             const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
@@ -718,12 +718,18 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             pin(mm[i]);
-        pin_all<1>(&cmin);
-        pin_all<1>(&cmain);
+        pin_all<1>(&c);
         wgmma_fence();
-        wgmma<NT, 0>(cmin, mm[0], mm[1], mm[2], mm[3], desc_sh);
-        wgmma<NT, 1>(cmin, mm[0], mm[1], mm[2], mm[3], desc_sl);
+        wgmma<NT, 0>(c, mm[0], mm[1], mm[2], mm[3], desc_sh);
+        wgmma<NT, 1>(c, mm[0], mm[1], mm[2], mm[3], desc_sl);
         wgmma_commit();
+        wgmma_wait<0>();                                        // (its own accumulators cost 32 registers: spills)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            pin(mm[i]);
+        pin_all<1>(&c);
+        add_scaled(acc, c, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
+        pin_all<1>(&c);
         u32 a[16][4];                                           // k step q = 8 half + 2 j + hw
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -754,14 +760,16 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
                     wgmma_fence();
                     const unsigned long long desc = desc_h + (unsigned long long)((q * XS_STEP) >> 4);
                     if (q == 0)
-                        wgmma<NT, 0>(cmain, a[q][0], a[q][1], a[q][2], a[q][3], desc);
+                        wgmma<NT, 0>(c, a[q][0], a[q][1], a[q][2], a[q][3], desc);
                     else
-                        wgmma<NT, 1>(cmain, a[q][0], a[q][1], a[q][2], a[q][3], desc);
+                        wgmma<NT, 1>(c, a[q][0], a[q][1], a[q][2], a[q][3], desc);
                     wgmma_commit();
-                    wgmma_wait<1>();                            // the group before done: its A registers free
+                    if (q > 0) {                                // step q - 1's products done: its A registers free
+                        wgmma_wait<1>();
 #pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        pin(q == 0 ? mm[i] : a[q - 1][i]);
+                        for (int i = 0; i < 4; ++i)
+                            pin(a[q - 1][i]);
+                    }
                 }
             }
         }
@@ -769,10 +777,8 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             pin(a[15][i]);
-        pin_all<1>(&cmin);
-        pin_all<1>(&cmain);
-        add_scaled(acc, cmin, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
-        add_scaled(acc, cmain, f16_to_f32((u16)ddg), f16_to_f32((u16)dd8), ib, t);
+        pin_all<1>(&c);
+        add_scaled(acc, c, f16_to_f32((u16)ddg), f16_to_f32((u16)dd8), ib, t);
     });
     for_each_output(n, g, t, [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4]; });
 }

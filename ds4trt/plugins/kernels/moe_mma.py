@@ -64,7 +64,7 @@ FUSE = {32: True, 64: True}
 MIN_BLOCKS = {32: 2, 64: 2}
 # The wgmma gate/up (moe_gateup_iq2_wg): programs per SM by CAP (not yet measured), and whether moe_forward takes it
 # (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE; not yet measured, so off).
-WG_MIN_BLOCKS = {32: 2, 64: 1}
+WG_MIN_BLOCKS = {32: 2, 64: 2}
 WG_DEFAULT_MODE = "0"
 
 
