@@ -1,5 +1,5 @@
-"""The tensor-core IQ2_XXS gate/up of long MoE calls (plugins/kernels/moe_mma.cu, launched by moe_mma.py) against
-float64.
+"""The tensor-core IQ2_XXS gate/up and Q2_K down of long MoE calls (plugins/kernels/moe_mma.cu, launched by
+moe_mma.py; on mma.sync and on wgmma) against float64.
 
 Where they run: the offline check (NVRTC compiles each launch for sm_90, ptxas' report must show no spills) wherever
 NVRTC loads, CI included; the products on "emu", the CPU stand-in of tests/cuda_emu (g++ builds the CUDA C++ as host
@@ -323,7 +323,7 @@ def test_every_launch_compiles_for_sm90_without_spills():
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     """mma.sync.m16n8k16 and cp.async exist from sm_80: on an older GPU, or without cuda-bindings and NVRTC, the Triton
     kernels stay; and moe_mma takes only one-part IQ2_XXS / Q2_K products in items of a CAP it has a launch for, with
-    DS4_MOE_MMA=1 (unset: DEFAULT_MODE)."""
+    DS4_MOE_MMA=1 (unset: DEFAULT_MODE), on wgmma only at compute capability 9.0 (DS4_MOE_WGMMA=0: never)."""
     gpu = torch.device("cuda", 0)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
     for capability, runs in (((7, 5), False), ((7, 2), False), ((8, 0), True), ((8, 7), True), ((9, 0), True)):
@@ -336,6 +336,14 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     assert not moe_mma.use_gateup(IQ2_XXS, 10, 1, 2048, 32, gpu)              # a Q2_K up
     assert not moe_mma.use_down(IQ2_XXS, 1, 4096, 64, gpu)                    # an IQ2_XXS down
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
+    monkeypatch.delenv("DS4_MOE_WGMMA", raising=False)                         # wgmma: Hopper's alone
+    for capability, wg in (((8, 0), False), ((8, 7), False), ((9, 0), moe_mma.WG_DEFAULT_MODE == "1"),
+                           ((10, 0), False), ((12, 1), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert moe_mma.use_wgmma(gpu) is wg, capability
+    monkeypatch.setenv("DS4_MOE_WGMMA", "0")
+    assert not moe_mma.use_wgmma(gpu)
+    assert not moe_mma.use_wgmma(torch.device("cpu"))
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 16, gpu)         # a CAP without a launch (a sweep's)
     monkeypatch.setenv("DS4_MOE_MMA", "0")
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)

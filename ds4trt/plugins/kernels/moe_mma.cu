@@ -303,9 +303,6 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xscale, con
 
 #define XS_STEP (CAP * 32)                    // bytes of one k step's tile: CAP tokens x 16 float16
 #define XS_CHUNK (16 * XS_STEP)
-#ifndef DESC_SWAP
-#define DESC_SWAP 0
-#endif
 
 __device__ __forceinline__ int wg_unit(int s, int u) {
     return (u >> 1) * XS_STEP + (s >> 3) * 256 + (u & 1) * 128 + (s & 7) * 16;
@@ -323,11 +320,9 @@ __device__ __forceinline__ void pin_all(float (*acc)[NT][4]) {
 }
 
 // acc[m] += 8 * (one block of matrix w[m], this warp's rows g, g + 8 at byte offsets og, o8) against the chunk whose
-// step 0 tile desc0 describes, for m < M. The block's 8 runs (sub-block half h, run r: q = 4 h + r) in one unrolled
-// sequence, both halves' records loaded first (WG_FLAT 1), or one half after the other with a wait between (0).
-#ifndef WG_FLAT
-#define WG_FLAT 1
-#endif
+// step 0 tile desc0 describes, for m < M: the block's 8 runs (sub-block half h, run r: q = 4 h + r) in one unrolled
+// sequence, both halves' records loaded first (one half after the other with a wait between measured no faster at two
+// programs an SM, and 2 % slower at one: BENCHMARKS.md, the forty-ninth session)
 template <int M>
 __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsigned char* const* w, long long og,
                                                  long long o8, unsigned long long desc0, const TabRow* tab, int t) {
@@ -337,60 +332,55 @@ __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsi
         dg[m] = f16_to_f32(__ldg((const u16*)(w[m] + og)));
         d8[m] = f16_to_f32(__ldg((const u16*)(w[m] + o8)));
     }
-    constexpr int HALVES = WG_FLAT ? 2 : 1;                     // halves of the block per pass
-#pragma unroll 1
-    for (int pass = 0; pass < 2 / HALVES; ++pass) {
-        u32 ag[HALVES][M], bg[HALVES][M], a8[HALVES][M], b8[HALVES][M], sg[HALVES][M], s8[HALVES][M];
+    u32 ag[2][M], bg[2][M], a8[2][M], b8[2][M], sg[2][M], s8[2][M];
 #pragma unroll
-        for (int hh = 0; hh < HALVES; ++hh)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const int h = pass * HALVES + hh;
-                iq2_record(w[m], og, t + 4 * h, ag[hh][m], bg[hh][m]);
-                iq2_record(w[m], o8, t + 4 * h, a8[hh][m], b8[hh][m]);
-                sg[hh][m] = run_scale(bg[hh][m], dg[m]);
-                s8[hh][m] = run_scale(b8[hh][m], d8[m]);
-            }
-        u32 v[4 * HALVES][M][2][4];                             // run q: matrix m, row g / g + 8, value pairs
-#pragma unroll
-        for (int q = 0; q < 4 * HALVES; ++q) {
-            const int hh = q >> 2, r = q & 3, h = pass * HALVES + hh;
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                iq2_run(tab, ag[hh][m], bg[hh][m], sg[hh][m], r, v[q][m][0]);
-                iq2_run(tab, a8[hh][m], b8[hh][m], s8[hh][m], r, v[q][m][1]);
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    pin(v[q][m][i >> 2][i & 3]);
-            }
-            pin_all<M>(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const unsigned long long desc = desc0 + (unsigned long long)(((8 * h + 2 * r + half) * XS_STEP) >> 4);
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-                    wgmma<NT>(acc[m], v[q][m][0][2 * half], v[q][m][1][2 * half], v[q][m][0][2 * half + 1],
-                              v[q][m][1][2 * half + 1], desc);
-            }
-            wgmma_commit();
-            if (q > 0) {                                        // run q - 1's products done: its registers free
-                wgmma_wait<1>();
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-                        pin(v[q - 1][m][i >> 2][i & 3]);
-            }
+        for (int m = 0; m < M; ++m) {
+            iq2_record(w[m], og, t + 4 * h, ag[h][m], bg[h][m]);
+            iq2_record(w[m], o8, t + 4 * h, a8[h][m], b8[h][m]);
+            sg[h][m] = run_scale(bg[h][m], dg[m]);
+            s8[h][m] = run_scale(b8[h][m], d8[m]);
         }
-        wgmma_wait<0>();
+    u32 v[8][M][2][4];                                          // run q: matrix m, row g / g + 8, value pairs
 #pragma unroll
-        for (int m = 0; m < M; ++m)
+    for (int q = 0; q < 8; ++q) {
+        const int h = q >> 2, r = q & 3;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            iq2_run(tab, ag[h][m], bg[h][m], sg[h][m], r, v[q][m][0]);
+            iq2_run(tab, a8[h][m], b8[h][m], s8[h][m], r, v[q][m][1]);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                pin(v[4 * HALVES - 1][m][i >> 2][i & 3]);
+                pin(v[q][m][i >> 2][i & 3]);
+        }
         pin_all<M>(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const unsigned long long desc = desc0 + (unsigned long long)(((8 * h + 2 * r + half) * XS_STEP) >> 4);
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+                wgmma<NT>(acc[m], v[q][m][0][2 * half], v[q][m][1][2 * half], v[q][m][0][2 * half + 1],
+                          v[q][m][1][2 * half + 1], desc);
+        }
+        wgmma_commit();
+        if (q > 0) {                                            // run q - 1's products done: its registers free
+            wgmma_wait<1>();
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    pin(v[q - 1][m][i >> 2][i & 3]);
+        }
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            pin(v[7][m][i >> 2][i & 3]);
+    pin_all<M>(acc);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
@@ -453,7 +443,7 @@ moe_gateup_iq2_wg(const u16* __restrict__ xh, const float* __restrict__ xscale, 
     const unsigned char* const mats[2] = {gate, up};
     pipelined_blocks<true>(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
-        const unsigned long long desc0 = DESC_SWAP ? smem_desc(xb, 256, 128) : smem_desc(xb, 128, 256);
+        const unsigned long long desc0 = smem_desc(xb, 128, 256);
         const long long bg = og + blk * IQ2_BYTES, b8 = o8 + blk * IQ2_BYTES;
 #if FUSE
         block_product_wg<2>(acc, mats, bg, b8, desc0, tab, t);
@@ -695,8 +685,8 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
         const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
         const unsigned char* sb = ss + (blk & 1) * 2 * CAP * 32;
         const float* ib = inv + (blk & 1) * CAP;
-        const unsigned long long desc_h = DESC_SWAP ? smem_desc(xb, 256, 128) : smem_desc(xb, 128, 256);
-        const unsigned long long desc_sh = DESC_SWAP ? smem_desc(sb, 256, 128) : smem_desc(sb, 128, 256);
+        const unsigned long long desc_h = smem_desc(xb, 128, 256);
+        const unsigned long long desc_sh = smem_desc(sb, 128, 256);
         const unsigned long long desc_sl = desc_sh + ((CAP * 32) >> 4);
         const long long bg = og + (long long)blk * Q2K_BYTES, b8 = o8 + (long long)blk * Q2K_BYTES;
         u32 scg[4], sc8[4];                                     // the 16 scale bytes of rows g, g + 8

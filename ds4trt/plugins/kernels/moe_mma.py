@@ -19,6 +19,10 @@ float64 (~2.5e-4 while the block scales were applied in float32 to per-block sum
 CAP 64 spilled 780 bytes at two programs an SM). The down's values are exact float16 integers against split_runs' hi
 parts.
 
+On an H100 / H200 (compute capability 9.0) both products run on wgmma instead (use_wgmma: the `_wg` kernels, each
+warpgroup's 64 rows against a k step's whole tile of x or h in shared memory, ~5 % off a 2048-token prefill chunk,
+WG_MIN_BLOCKS); elsewhere (A100, Jetson Orin, Blackwell) on mma.sync.
+
 Measured (`python3 scripts/bench_kernels.py --cases moe_long`, H100, 2026-12-05; a q2 layer's routed experts, ms at
 T = 256 / 512 / 1024 / 2048, 2048 skewed): Triton 4.71 / 4.80 / 5.46 / 9.44, 9.48; here at 4 warps 3.14 / 3.20 / 3.92
 / 7.36, 6.67, at 8 warps - / 3.23 / 3.65 / 6.04, -; with the block scales in the values (H100, 2026-12-06) CAP 32
@@ -62,10 +66,15 @@ FUSE = {32: True, 64: True}
 # forty-fourth session). Those were the gate/up with per-block sums; since 247388a CAP 64's takes 148 registers at 1
 # (no spills) and 128 at 2 (above), not retimed at 1.
 MIN_BLOCKS = {32: 2, 64: 2}
-# The wgmma gate/up (moe_gateup_iq2_wg): programs per SM by CAP (not yet measured), and whether moe_forward takes it
-# (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE; not yet measured, so off).
+# The wgmma kernels (moe_gateup_iq2_wg, moe_down_q2k_wg; compute capability 9.0 only): programs per SM by CAP, and
+# whether moe_forward takes them (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE). H100, one q2 layer's routed experts
+# (`python3 scripts/bench_kernels.py --cases moe_long`, its sweep; BENCHMARKS.md, the forty-ninth session), ms at T =
+# 512 / 1024 / 2048, 2048 skewed: mma.sync 2.82 / 3.13 / 4.54, 5.54; wgmma at two programs an SM 2.69 / 3.00 / 4.21,
+# 5.01, at one (CAP 64's gate/up then 151 registers, no spills) 3.81 / 4.25 / 5.12, 6.28. At two, CAP 64's gate/up
+# spills 60 bytes (128 registers; the down keeps none since its min term shares the main term's accumulators). Whole
+# model, 28 layers, a 2048-token prompt: 252.6-253.0 -> 239.0-240.2 ms in one chunk, 327.4 -> 319.0 in chunks of 1024.
 WG_MIN_BLOCKS = {32: 2, 64: 2}
-WG_DEFAULT_MODE = "0"
+WG_DEFAULT_MODE = "1"
 
 
 def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, device: torch.device) -> bool:
