@@ -1,5 +1,6 @@
 // The routed experts of a long call (a prefill chunk) on the tensor cores, for ds4's q2 mix (moe_mma.py compiles this
-// with NVRTC): the IQ2_XXS gate / up (moe_gateup_iq2) and, further down, the Q2_K down (moe_down_q2k)
+// with NVRTC): the IQ2_XXS gate / up (moe_gateup_iq2) and, further down, the Q2_K down (moe_down_q2k), on mma.sync;
+// at the end both again on wgmma (moe_gateup_iq2_wg, moe_down_q2k_wg: Hopper's sm_90a, built with WG=1)
 //
 //   h[pair, rows] = weight[pair] * swiglu(gate_e x_t, up_e x_t)     for the pairs (token t, expert e) of an item
 //   y[pair, rows] = down_e h[pair]

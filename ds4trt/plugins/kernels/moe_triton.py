@@ -1252,6 +1252,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     # a long call's multi-pair gate/up and down on moe_mma's tensor-core kernels (else _moe_gateup_multi / _down_multi)
     mma_gateup = long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device)
     mma_down = long and moe_mma.use_down(down_type, parts, D, cap, device)
+    wg = (mma_gateup or mma_down) and moe_mma.use_wgmma(device)          # their wgmma forms (x, h in wgmma order)
     if long:
         E = gate_blocks.shape[0]
         apart = not (mma_gateup and mma_down and -(-P // E) >= SINGLES_IN_ITEMS_FROM)
@@ -1279,7 +1280,6 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                  num_warps=gwarps, **pdl,
                                                  **({"maxnreg": greg} if greg else {}))
     if n_multi and mma_gateup:
-        wg = moe_mma.use_wgmma(v.device)
         moe_mma.gateup_iq2(*x_f16(v, wg), flat_ids, weights.view(-1), order, cnt, m_starts, gate_blocks, up_blocks,
                            ws.h, k, clamp, cap, wg)
     elif n_multi:
@@ -1298,7 +1298,6 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
     if n_multi and mma_down:
-        wg = moe_mma.use_wgmma(v.device)
         hh, _, hsh, hsl, hinv = split_runs(ws.h, wg)
         moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap, wg)
     elif n_multi:
