@@ -322,8 +322,8 @@ __device__ __forceinline__ void pin_all(float (*acc)[NT][4]) {
 
 // acc[m] += 8 * (one block of matrix w[m], this warp's rows g, g + 8 at byte offsets og, o8) against the chunk whose
 // step 0 tile desc0 describes, for m < M: the block's 8 runs (sub-block half h, run r: q = 4 h + r) in one unrolled
-// sequence, both halves' records loaded first (one half after the other with a wait between measured no faster at two
-// programs an SM, and 2 % slower at one: BENCHMARKS.md, the forty-ninth session)
+// sequence, both halves' records loaded first (one half after the other with a wait between: no faster, BENCHMARKS.md,
+// the forty-ninth session)
 template <int M>
 __device__ __forceinline__ void block_product_wg(float (*acc)[NT][4], const unsigned char* const* w, long long og,
                                                  long long o8, unsigned long long desc0, const TabRow* tab, int t) {

@@ -67,12 +67,12 @@ FUSE = {32: True, 64: True}
 # (no spills) and 128 at 2 (above), not retimed at 1.
 MIN_BLOCKS = {32: 2, 64: 2}
 # The wgmma kernels (moe_gateup_iq2_wg, moe_down_q2k_wg; compute capability 9.0 only): programs per SM by CAP, and
-# whether moe_forward takes them (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE). H100, one q2 layer's routed experts
-# (`python3 scripts/bench_kernels.py --cases moe_long`, its sweep; BENCHMARKS.md, the forty-ninth session), ms at T =
-# 512 / 1024 / 2048, 2048 skewed: mma.sync 2.82 / 3.13 / 4.54, 5.54; wgmma at two programs an SM 2.69 / 3.00 / 4.21,
-# 5.01, at one (CAP 64's gate/up then 151 registers, no spills) 3.81 / 4.25 / 5.12, 6.28. At two, CAP 64's gate/up
-# spills 60 bytes (128 registers; the down keeps none since its min term shares the main term's accumulators). Whole
-# model, 28 layers, a 2048-token prompt: 252.6-253.0 -> 239.0-240.2 ms in one chunk, 327.4 -> 319.0 in chunks of 1024.
+# whether moe_forward takes them (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE). H100, 28 layers, a 2048-token prompt
+# (`python3 scripts/bench_decode.py --layers 28 --prefill 2048 --chunk 2048 --repeats 3 --verify ''`, BENCHMARKS.md,
+# the forty-ninth session): 252.6-253.0 ms on mma.sync, 239.0-240.2 on wgmma at two programs an SM; in chunks of 1024
+# 327.4 -> 319.0. At two, CAP 64's gate/up spills 60 bytes (128 registers; the down none: its min term shares the main
+# term's accumulators); at one it takes 151 registers and no spills, but was timed only in a run whose descriptors
+# were wrong (BENCHMARKS.md), so which is faster is not measured.
 WG_MIN_BLOCKS = {32: 2, 64: 2}
 WG_DEFAULT_MODE = "1"
 
