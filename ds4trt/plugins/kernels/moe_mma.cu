@@ -491,6 +491,29 @@ __device__ __forceinline__ u32 byte_pair_f16(u32 w, u32 sel) {
     return sub_f16x2(prmt(w, 0x64646464u, sel), 0x64006400u);
 }
 
+// the min term's A fragment (m of runs 2t, 2t + 1: a0 row g, a1 row g + 8; runs 2t + 8, 2t + 9: a2, a3) from the 16
+// scale bytes of rows g (scg) and g + 8 (sc8)
+__device__ __forceinline__ void q2k_min_fragment(const u32 (&scg)[4], const u32 (&sc8)[4], int t, u32 (&a)[4]) {
+    const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
+    a[0] = byte_pair_f16((pick(scg, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+    a[1] = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
+    a[2] = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+    a[3] = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+}
+
+// the main term's A fragment of k step (half, j, hw): sc * q of qs words qg (row g), q8 (row g + 8) at shift j, sg /
+// s8 the scale nibbles of their runs (8 half + 4 (j / 2) ..)
+__device__ __forceinline__ void q2k_fragment(u32 qg, u32 q8, u32 sg, u32 s8, int j, int hw, u32 (&a)[4]) {
+    const u32 b = 2 * (j & 1) + hw;                             // the run's byte in its scale word
+    const u32 sel = 0x4040u | b | (b << 8);
+    const u32 scale_g = byte_pair_f16(sg, sel), scale_8 = byte_pair_f16(s8, sel);
+    const u32 wg = (qg >> (2 * j)) & 0x03030303u, w8 = (q8 >> (2 * j)) & 0x03030303u;
+    a[0] = mul_f16x2(byte_pair_f16(wg, 0x4140u), scale_g);
+    a[1] = mul_f16x2(byte_pair_f16(w8, 0x4140u), scale_8);
+    a[2] = mul_f16x2(byte_pair_f16(wg, 0x4342u), scale_g);
+    a[3] = mul_f16x2(byte_pair_f16(w8, 0x4342u), scale_8);
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
              const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
@@ -556,17 +579,14 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
         float c[NT][4];
         // the min term: m of runs 2t, 2t + 1 (a0 / a1) and 2t + 8, 2t + 9 (a2 / a3) against the run sums
         {
-            const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
-            const u32 m0 = byte_pair_f16((pick(scg, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
-            const u32 m1 = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
-            const u32 m2 = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
-            const u32 m3 = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
+            u32 m[4];
+            q2k_min_fragment(scg, sc8, t, m);
             zero(c);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const u32* sums = (const u32*)(sb + (8 * nt + g) * 64);
-                mma(c[nt], m0, m1, m2, m3, sums[t], sums[t + 4]);           // hi parts
-                mma(c[nt], m0, m1, m2, m3, sums[8 + t], sums[12 + t]);      // lo parts
+                mma(c[nt], m[0], m[1], m[2], m[3], sums[t], sums[t + 4]);           // hi parts
+                mma(c[nt], m[0], m[1], m[2], m[3], sums[8 + t], sums[12 + t]);      // lo parts
             }
             add_scaled(acc, c, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
             zero(c);
@@ -590,17 +610,11 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
                     xv[nt] = *(const uint4*)(xb + (8 * nt + g) * XSTRIDE + (256 * half + 64 * j + 16 * t));
 #pragma unroll
                 for (int hw = 0; hw < 2; ++hw) {
-                    const u32 b = 2 * (j & 1) + hw;                 // the run's byte in its scale word
-                    const u32 sel = 0x4040u | b | (b << 8);
-                    const u32 scale_g = byte_pair_f16(sg, sel), scale_8 = byte_pair_f16(s8, sel);
-                    const u32 wg = (qg[hw] >> (2 * j)) & 0x03030303u, w8 = (q8[hw] >> (2 * j)) & 0x03030303u;
-                    const u32 a0 = mul_f16x2(byte_pair_f16(wg, 0x4140u), scale_g);
-                    const u32 a1 = mul_f16x2(byte_pair_f16(w8, 0x4140u), scale_8);
-                    const u32 a2 = mul_f16x2(byte_pair_f16(wg, 0x4342u), scale_g);
-                    const u32 a3 = mul_f16x2(byte_pair_f16(w8, 0x4342u), scale_8);
+                    u32 a[4];
+                    q2k_fragment(qg[hw], q8[hw], sg, s8, j, hw, a);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
-                        mma(c[nt], a0, a1, a2, a3, hw ? xv[nt].z : xv[nt].x, hw ? xv[nt].w : xv[nt].y);
+                        mma(c[nt], a[0], a[1], a[2], a[3], hw ? xv[nt].z : xv[nt].x, hw ? xv[nt].w : xv[nt].y);
                 }
             }
         }
@@ -698,14 +712,8 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
         }
         const u32 ddg = __ldg((const u32*)(down + bg + 80)), dd8 = __ldg((const u32*)(down + b8 + 80));
         float c[NT][4];                                         // the min term's products, then the main term's
-        u32 mm[4];                                              // the min term's A: m of runs 2t, 2t + 1 / + 8
-        {
-            const u32 sel = (t & 1) ? 0x4342u : 0x4140u;
-            mm[0] = byte_pair_f16((pick(scg, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
-            mm[1] = byte_pair_f16((pick(sc8, t >> 1) >> 4) & 0x0f0f0f0fu, sel);
-            mm[2] = byte_pair_f16((pick(scg, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
-            mm[3] = byte_pair_f16((pick(sc8, (t >> 1) + 2) >> 4) & 0x0f0f0f0fu, sel);
-        }
+        u32 mm[4];                                              // the min term's A
+        q2k_min_fragment(scg, sc8, t, mm);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             pin(mm[i]);
@@ -737,14 +745,7 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
 #pragma unroll
                 for (int hw = 0; hw < 2; ++hw) {
                     const int q = 8 * half + 2 * j + hw;
-                    const u32 b = 2 * (j & 1) + hw;
-                    const u32 sel = 0x4040u | b | (b << 8);
-                    const u32 scale_g = byte_pair_f16(sg, sel), scale_8 = byte_pair_f16(s8, sel);
-                    const u32 wg = (qg[hw] >> (2 * j)) & 0x03030303u, w8 = (q8[hw] >> (2 * j)) & 0x03030303u;
-                    a[q][0] = mul_f16x2(byte_pair_f16(wg, 0x4140u), scale_g);
-                    a[q][1] = mul_f16x2(byte_pair_f16(w8, 0x4140u), scale_8);
-                    a[q][2] = mul_f16x2(byte_pair_f16(wg, 0x4342u), scale_g);
-                    a[q][3] = mul_f16x2(byte_pair_f16(w8, 0x4342u), scale_8);
+                    q2k_fragment(qg[hw], q8[hw], sg, s8, j, hw, a[q]);
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         pin(a[q][i]);
