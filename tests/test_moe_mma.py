@@ -337,10 +337,16 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     assert not moe_mma.use_down(IQ2_XXS, 1, 4096, 64, gpu)                    # an IQ2_XXS down
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048 + 16, 32, gpu)    # rows not whole row tiles
     monkeypatch.delenv("DS4_MOE_WGMMA", raising=False)                         # wgmma: Hopper's alone
-    for capability, wg in (((8, 0), False), ((8, 7), False), ((9, 0), moe_mma.WG_DEFAULT_MODE == "1"),
-                           ((10, 0), False), ((12, 1), False)):
+    monkeypatch.setattr(cuda_launch, "builds_sm90a", lambda: True)
+    for capability, wg in (((8, 0), False), ((8, 7), False), ((10, 0), False), ((12, 1), False),
+                           ((9, 0), moe_mma.WG_DEFAULT_MODE == "1")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert moe_mma.use_wgmma(gpu) is wg, capability
+    monkeypatch.setenv("DS4_MOE_WGMMA", "1")
+    assert moe_mma.use_wgmma(gpu)
+    monkeypatch.setattr(cuda_launch, "builds_sm90a", lambda: False)          # an NVRTC before CUDA 12: mma.sync
+    assert not moe_mma.use_wgmma(gpu)
+    monkeypatch.setattr(cuda_launch, "builds_sm90a", lambda: True)
     monkeypatch.setenv("DS4_MOE_WGMMA", "0")
     assert not moe_mma.use_wgmma(gpu)
     assert not moe_mma.use_wgmma(torch.device("cpu"))

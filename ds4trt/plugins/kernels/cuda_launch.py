@@ -4,6 +4,7 @@ launch where pdl.py uses it.
 
     Kernel(source, name, defines)                          what to build: a .cu here, its entry, its -D values
     runs_on(device)                                        compute capability 8.0 or newer (mma.sync, cp.async)
+    builds_sm90a()                                         NVRTC builds sm_90a (wgmma): CUDA 12.0 or newer
     compile_cubin(kernel, arch, ptxas_verbose=False)      -> (cubin, NVRTC's log); needs no GPU
     launch(device, kernel, grid, threads, smem, args)     args in the kernel's order: tensors (their addresses), ints
                                                           (int), or (value, ctypes type) pairs
@@ -46,6 +47,15 @@ def builds() -> bool:
         return int(err) == 0
     except Exception:   # noqa: BLE001  (cuda-bindings missing, or its NVRTC library not found: any failure means no)
         return False
+
+
+@functools.cache
+def builds_sm90a() -> bool:
+    """Whether NVRTC can build Hopper's own target (sm_90a: wgmma), which it knows from CUDA 12.0 on."""
+    if not builds():
+        return False
+    _, major, _ = _bindings("nvrtc").nvrtcVersion()
+    return major >= 12
 
 
 def compile_cubin(kernel: Kernel, arch: str, ptxas_verbose: bool = False) -> tuple[bytes, str]:

@@ -84,9 +84,10 @@ def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, devic
 
 def use_wgmma(device: torch.device) -> bool:
     """Whether moe_forward's moe_mma kernels are the wgmma ones (moe_gateup_iq2_wg, moe_down_q2k_wg): DS4_MOE_WGMMA
-    (else WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a)."""
+    (else WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a), with an NVRTC
+    that builds sm_90a (cuda_launch.builds_sm90a; an older one keeps the mma.sync kernels)."""
     return (os.environ.get("DS4_MOE_WGMMA", WG_DEFAULT_MODE) == "1" and device.type == "cuda"
-            and torch.cuda.get_device_capability(device) == (9, 0))
+            and torch.cuda.get_device_capability(device) == (9, 0) and cuda_launch.builds_sm90a())
 
 
 def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device) -> bool:
