@@ -341,15 +341,18 @@ def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
     for capability, wg in (((8, 0), False), ((8, 7), False), ((10, 0), False), ((12, 1), False),
                            ((9, 0), moe_mma.WG_DEFAULT_MODE == "1")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
-        assert moe_mma.use_wgmma(gpu) is wg, capability
+        assert moe_mma.use_wgmma(gpu, 64) is wg, capability
     monkeypatch.setenv("DS4_MOE_WGMMA", "1")
-    assert moe_mma.use_wgmma(gpu)
+    assert moe_mma.use_wgmma(gpu, 64)
     monkeypatch.setattr(cuda_launch, "builds_sm90a", lambda: False)          # an NVRTC before CUDA 12: mma.sync
-    assert not moe_mma.use_wgmma(gpu)
+    assert not moe_mma.use_wgmma(gpu, 64)
     monkeypatch.setattr(cuda_launch, "builds_sm90a", lambda: True)
+    monkeypatch.setattr(moe_mma, "WARPS", {64: 2})                            # half a warpgroup
+    assert not moe_mma.use_wgmma(gpu, 64) and not moe_mma.use_wgmma(gpu, 32)     # (and a CAP without a launch)
+    monkeypatch.setattr(moe_mma, "WARPS", {32: 8, 64: 8})
     monkeypatch.setenv("DS4_MOE_WGMMA", "0")
-    assert not moe_mma.use_wgmma(gpu)
-    assert not moe_mma.use_wgmma(torch.device("cpu"))
+    assert not moe_mma.use_wgmma(gpu, 64)
+    assert not moe_mma.use_wgmma(torch.device("cpu"), 64)
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 16, gpu)         # a CAP without a launch (a sweep's)
     monkeypatch.setenv("DS4_MOE_MMA", "0")
     assert not moe_mma.use_gateup(IQ2_XXS, IQ2_XXS, 1, 2048, 32, gpu)

@@ -82,12 +82,14 @@ def use_gateup(gate_type: int, up_type: int, parts: int, F: int, cap: int, devic
     return gate_type == up_type == IQ2_XXS and _enabled(parts, F, cap, device)
 
 
-def use_wgmma(device: torch.device) -> bool:
-    """Whether moe_forward's moe_mma kernels are the wgmma ones (moe_gateup_iq2_wg, moe_down_q2k_wg): DS4_MOE_WGMMA
-    (else WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's own, sm_90a), with an NVRTC
-    that builds sm_90a (cuda_launch.builds_sm90a; an older one keeps the mma.sync kernels)."""
+def use_wgmma(device: torch.device, cap: int) -> bool:
+    """Whether moe_forward's moe_mma kernels for items of `cap` pairs are the wgmma ones (moe_gateup_iq2_wg,
+    moe_down_q2k_wg): DS4_MOE_WGMMA (else WG_DEFAULT_MODE) "1" on a device of compute capability 9.0 (wgmma: Hopper's
+    own, sm_90a), with an NVRTC that builds sm_90a (cuda_launch.builds_sm90a; an older one keeps the mma.sync kernels),
+    and whole warpgroups (WARPS[cap] a multiple of 4: bench_kernels' sweep tries 2)."""
     return (os.environ.get("DS4_MOE_WGMMA", WG_DEFAULT_MODE) == "1" and device.type == "cuda"
-            and torch.cuda.get_device_capability(device) == (9, 0) and cuda_launch.builds_sm90a())
+            and cap in WARPS and WARPS[cap] % 4 == 0 and torch.cuda.get_device_capability(device) == (9, 0)
+            and cuda_launch.builds_sm90a())
 
 
 def use_down(down_type: int, parts: int, D: int, cap: int, device: torch.device) -> bool:
@@ -180,6 +182,8 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
         raise ValueError(f"moe_mma.gateup_iq2: unexpected operands (xh {xh.dtype} {list(xh.shape)}, xscale "
                          f"{xscale.dtype} {list(xscale.shape)}, gate {list(gate_blocks.shape)}, h {list(h.shape)}, "
                          f"ids {ids.dtype}, cap {cap})")
+    if wg and warps % 4:
+        raise ValueError(f"moe_mma.gateup_iq2: the wgmma kernel takes whole warpgroups, not {warps} warps")
     _launch("moe_gateup_iq2_wg" if wg else "moe_gateup_iq2", cap, F, starts,
             (xh, xscale, ids, weights, order, cnt, starts, gate_blocks, up_blocks, tables(xh.device), h, n_slots, F,
              D, (float(clamp), ctypes.c_float)))
@@ -202,6 +206,8 @@ def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch
         raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
                          f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y "
                          f"{list(y.shape)}, ids {ids.dtype}, cap {cap})")
+    if wg and warps % 4:
+        raise ValueError(f"moe_mma.down_q2k: the wgmma kernel takes whole warpgroups, not {warps} warps")
     _launch("moe_down_q2k_wg" if wg else "moe_down_q2k", cap, D, starts,
             (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
     return y

@@ -1252,7 +1252,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     # a long call's multi-pair gate/up and down on moe_mma's tensor-core kernels (else _moe_gateup_multi / _down_multi)
     mma_gateup = long and moe_mma.use_gateup(gate_type, up_type, parts, F, cap, device)
     mma_down = long and moe_mma.use_down(down_type, parts, D, cap, device)
-    wg = (mma_gateup or mma_down) and moe_mma.use_wgmma(device)          # their wgmma forms (x, h in wgmma order)
+    wg = (mma_gateup or mma_down) and moe_mma.use_wgmma(device, cap)     # their wgmma forms (x, h in wgmma order)
     if long:
         E = gate_blocks.shape[0]
         apart = not (mma_gateup and mma_down and -(-P // E) >= SINGLES_IN_ITEMS_FROM)
