@@ -253,10 +253,12 @@ def _(q, cos, sin, eps):
 def queries_kernel(attn: Attention, qn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """model/attention.py Attention.queries on this backend: for a prefill chunk (q_b a Q8_0 product on the tensor
     cores, the prefill attention reading one float16 part) one pass from q_b's product before its rows are scaled
-    back to float16 queries, bit for bit the float16 of what q_b and head_norm_rope_kernel give, which is what the
-    attention would read (its float32 queries were scaled, normed and rotated, then converted: four passes over
-    [T, H, d] float32, 268 MB each at 2048 tokens of Flash: 28 layers on an H100 took a 2048-token chunk in 266.6-267.8
-    ms before, 255.7-255.9 after, BENCHMARKS.md); else q_b, then head_norm_rope_kernel."""
+    back to float16 queries, the float16 of what q_b and head_norm_rope_kernel give (bit for bit on Triton's
+    interpreter and in the tiny model's layers on an H100; compiled at Flash's width a few values round the other
+    way, within one float16 step: tests/test_kernels.py head_norm_rope), which is what the attention would read (its
+    float32 queries were scaled, normed and rotated, then converted: four passes over [T, H, d] float32, 268 MB each
+    at 2048 tokens of Flash: 28 layers on an H100 took a 2048-token chunk in 266.6-267.8 ms before, 255.7-255.9
+    after, BENCHMARKS.md); else q_b, then head_norm_rope_kernel."""
     cfg, q_b, T = attn.cfg, attn.q_b, qn.shape[0]
     if T > KERNEL_MAX_T and isinstance(q_b, Q8Linear) and q_b.groups == 1 and attn_triton.reads_float16_queries():
         y, s = q_b.unscaled_f16(qn)
