@@ -308,15 +308,14 @@ def test_every_launch_compiles_for_sm90_without_spills():
             if (cap, warps) == (64, 8) and minb is None:
                 bound = SPILL_64_GATEUP if name == "moe_gateup_iq2" else SPILL_64
             assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
-    WG_SPILL_64_GATEUP = 64
+    WG_SPILL_64 = {"moe_gateup_iq2_wg": 64, "moe_down_q2k_wg": 8}
     for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels, for sm_90a: no spills at WG_MIN_BLOCKS but
-        for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):    # CAP 64's gate/up at two programs an SM (60 bytes)
+        for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):    # CAP 64's at two programs an SM (60 and 4 bytes)
             kernel = moe_mma.kernel(name, cap // 8, warps, fuse=name.startswith("moe_gateup") and None)
             cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
             frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                               rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            bound = WG_SPILL_64_GATEUP if (name, cap, moe_mma.WG_MIN_BLOCKS[cap]) == ("moe_gateup_iq2_wg", 64, 2) \
-                else 0
+            bound = WG_SPILL_64[name] if (cap, moe_mma.WG_MIN_BLOCKS[cap]) == (64, 2) else 0
             assert frame and max(map(int, frame.groups())) <= bound, f"{kernel}: {frame and frame.group(0)}"
 
 

@@ -267,6 +267,13 @@ inline void cp_async16(void* shared_dst, const void* global_src) {
     if (emu::readable(global_src, 16))
         emu::current->open.push_back({shared_dst, global_src, 16});
 }
+inline void cp_async16_n(void* shared_dst, const void* global_src, int n) {   // n bytes of src, 16 - n zeros
+    if (n > 0 && emu::readable(global_src, n))
+        emu::current->open.push_back({shared_dst, global_src, n});
+    static const char zeros[16] = {};
+    if (n < 16)
+        emu::current->open.push_back({(char*)shared_dst + n, zeros, 16 - n});
+}
 inline void cp_async8(void* shared_dst, const void* global_src) {
     if (emu::readable(global_src, 8))
         emu::current->open.push_back({shared_dst, global_src, 8});

@@ -473,6 +473,7 @@ moe_gateup_iq2_wg(const u16* __restrict__ xh, const float* __restrict__ xscale, 
 // be large beside the result it is subtracted from), applied with dmin.
 
 #define Q2K_BYTES 84
+#define Q2K_SLOT 96                           // stage_rows' bytes a row (wgmma): 6 units (84 bytes from 0..12 past one)
 
 // where 8-byte unit u of a chunk (values 4u..4u+3: word w = u % 8 of (n, j) = (u / 32, u / 8 % 4)) goes in shared
 // memory: lane t's units of step (n, j, hw = 0, 1) are 32n + 8j + 2t + hw, one 16-byte read
@@ -636,6 +637,25 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 // kc of lane t's 4 values of step (n, j, hw) above. The run sums need no permutation: k slot c of the min term's
 // product is run c (a0 / a1 runs 2t, 2t + 1, a2 / a3 runs 2t + 8, 2t + 9), so a token's 16 sums are its row.
 
+// The down's weights of a k block in shared memory, copied with h's chunk by the same cp.async group (stage), so that
+// the products read no global memory: the program's row r (the thread's: r = tid % ROWS, its block at global offset
+// start, 4-byte aligned) in slot r of Q2K_SLOT bytes, the 16-byte units from the 16-byte floor of the block's first
+// byte on, the last one copying only the block's bytes (no read past the tensor): the block starts at its slot +
+// (start & 15). Each thread copies PER units of its row's slot. H100, ncu: the down's stalls on global loads 22 -> 13 %
+// of its samples, 1.97 -> 1.83 ms at 2048 tokens; the gate/up staged the same way ran slower (2.24 -> 2.32 ms: more
+// shared-memory reads, the same stalls moved to the barrier), so it reads its records from global memory
+// (BENCHMARKS.md, the fiftieth session).
+__device__ __forceinline__ void stage_rows(unsigned char* wb, const unsigned char* w, long long start, int tid) {
+    constexpr int UNITS = Q2K_SLOT / 16, PER = ROWS * UNITS / (WARPS * 32);
+    static_assert(PER * WARPS * 32 == ROWS * UNITS && UNITS % PER == 0, "stage_rows: whole slots' units a thread");
+    const int u0 = tid / ROWS * PER;
+    const long long base = start & ~15LL;
+#pragma unroll
+    for (int u = u0; u < u0 + PER; ++u)
+        cp_async16_n(wb + (tid % ROWS) * Q2K_SLOT + 16 * u, w + base + 16 * u,
+                     min(16, (int)(start + Q2K_BYTES - base) - 16 * u));
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
                 const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
@@ -649,7 +669,8 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of h
     unsigned char* ss = smem + 2 * XS_CHUNK;                    // [2][2][CAP * 32]: their run sums, hi and lo tiles
-    long long* prow = (long long*)(ss + 4 * CAP * 32);          // [CAP] each slot's pair
+    unsigned char* ws = ss + 4 * CAP * 32;                      // [2][ROWS * Q2K_SLOT]: their blocks of the rows
+    long long* prow = (long long*)(ws + 2 * ROWS * Q2K_SLOT);   // [CAP] each slot's pair
     float* inv = (float*)(prow + CAP);                          // [2][CAP]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -660,6 +681,7 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
     const long long e = ids[order[item]];
     const int row0 = blockIdx.y * ROWS + warp * 16;
     const long long og = (e * D + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
+    const long long ostage = (e * D + blockIdx.y * ROWS + tid % ROWS) * row_bytes;      // the row this thread stages
 
     for (int s = tid; s < CAP; s += WARPS * 32)
         prow[s] = s < n ? (long long)order[item + s] : 0;
@@ -689,6 +711,7 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
                                ((u >> 1) ? hsl : hsh) + prow[s] * (F / 16) + blk * 16 + (u & 1) * 8);
             }
         }
+        stage_rows(ws + (blk & 1) * ROWS * Q2K_SLOT, down, ostage + blk * Q2K_BYTES, tid);
         cp_async_commit();
         for (int s = tid; s < CAP; s += WARPS * 32)
             inv[(blk & 1) * CAP + s] = s < n ? hinv[prow[s] * nsb + blk] : 0.f;
@@ -703,14 +726,16 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
         const unsigned long long desc_h = smem_desc(xb, 128, 256);
         const unsigned long long desc_sh = smem_desc(sb, 128, 256);
         const unsigned long long desc_sl = desc_sh + ((CAP * 32) >> 4);
-        const long long bg = og + (long long)blk * Q2K_BYTES, b8 = o8 + (long long)blk * Q2K_BYTES;
+        const unsigned char* wb = ws + (blk & 1) * ROWS * Q2K_SLOT + (warp * 16 + g) * Q2K_SLOT;
+        const u32* wg = (const u32*)(wb + ((og + blk * Q2K_BYTES) & 15));               // row g's block, staged
+        const u32* w8 = (const u32*)(wb + 8 * Q2K_SLOT + ((o8 + blk * Q2K_BYTES) & 15));   // row g + 8's
         u32 scg[4], sc8[4];                                     // the 16 scale bytes of rows g, g + 8
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            scg[i] = __ldg((const u32*)(down + bg) + i);
-            sc8[i] = __ldg((const u32*)(down + b8) + i);
+            scg[i] = wg[i];
+            sc8[i] = w8[i];
         }
-        const u32 ddg = __ldg((const u32*)(down + bg + 80)), dd8 = __ldg((const u32*)(down + b8 + 80));
+        const u32 ddg = wg[20], dd8 = w8[20];
         float c[NT][4];                                         // the min term's products, then the main term's
         u32 mm[4];                                              // the min term's A
         q2k_min_fragment(scg, sc8, t, mm);
@@ -735,8 +760,8 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
             u32 qg[2], q8[2];                                   // qs words (half, t + 4hw) of rows g, g + 8
 #pragma unroll
             for (int hw = 0; hw < 2; ++hw) {
-                qg[hw] = __ldg((const u32*)(down + bg + 16 + 32 * half + 4 * (t + 4 * hw)));
-                q8[hw] = __ldg((const u32*)(down + b8 + 16 + 32 * half + 4 * (t + 4 * hw)));
+                qg[hw] = wg[4 + 8 * half + t + 4 * hw];
+                q8[hw] = w8[4 + 8 * half + t + 4 * hw];
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {

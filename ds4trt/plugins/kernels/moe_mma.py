@@ -127,11 +127,13 @@ def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool |
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
     """gate/up: two chunks of x (cap x XSTRIDE each; the wgmma kernel's unpadded, cap x 512), the 384 table rows, and
     per slot its token offset, s / 8, weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and
-    of its run sums (64 bytes a slot), and per slot its pair and 2 invs."""
+    of its run sums (64 bytes a slot), and per slot its pair and 2 invs; the wgmma down also each chunk's blocks of
+    the program's 16 WARPS[cap] rows (moe_mma.cu's stage_rows: 96 bytes a row)."""
     if name.startswith("moe_gateup_iq2"):
         chunk = cap * 512 if name.endswith("_wg") else cap * XSTRIDE
         return 2 * chunk + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
-    return 2 * cap * ((512 if name.endswith("_wg") else XSTRIDE) + 64) + cap * (8 + 8)
+    wg = name.endswith("_wg")
+    return 2 * cap * ((512 if wg else XSTRIDE) + 64) + cap * (8 + 8) + wg * 2 * 16 * WARPS[cap] * 96
 
 
 @functools.cache

@@ -52,6 +52,12 @@ __device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
 }
 
+// cp_async16 reading only the first n (0..16) bytes of src, the rest of the 16 bytes of dst zero (cp.async's src-size)
+__device__ __forceinline__ void cp_async16_n(void* shared_dst, const void* global_src, int n) {
+    const u32 dst = (u32)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global_src), "r"(n) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 __device__ __forceinline__ void cp_async8(void* shared_dst, const void* global_src) {
