@@ -70,9 +70,9 @@ MIN_BLOCKS = {32: 2, 64: 2}
 # whether moe_forward takes them (DS4_MOE_WGMMA unset: WG_DEFAULT_MODE). H100, 28 layers, a 2048-token prompt
 # (`python3 scripts/bench_decode.py --layers 28 --prefill 2048 --chunk 2048 --repeats 3 --verify ''`, BENCHMARKS.md,
 # the forty-ninth session): 252.6-253.0 ms on mma.sync, 239.0-240.2 on wgmma at two programs an SM; in chunks of 1024
-# 327.4 -> 319.0. At two, CAP 64's gate/up spills 60 bytes (128 registers; the down none: its min term shares the main
-# term's accumulators); at one it takes 151 registers and no spills, but was timed only in a run whose descriptors
-# were wrong (BENCHMARKS.md), so which is faster is not measured.
+# 327.4 -> 319.0. With their copies of x / h laid out once a program (moe_mma.cu's TileCopies), no kernel spills at two
+# (CAP 64's gate/up spilled 60 bytes before; at one it takes 150 registers); one program an SM against two is not
+# measured (the forty-ninth session's run had wrong descriptors, BENCHMARKS.md).
 WG_MIN_BLOCKS = {32: 2, 64: 2}
 WG_DEFAULT_MODE = "1"
 
