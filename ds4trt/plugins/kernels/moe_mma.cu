@@ -310,10 +310,10 @@ __device__ __forceinline__ int wg_unit(int s, int u) {
 }
 
 // One chunk's copies of the item's x (or h) into the k-step tiles (wg_unit), laid out once per program so that each
-// chunk's are a cp.async each at addresses that move by constants (the generic loop spent ~30 instructions a copy on
-// indices, ~20 % of the gate/up's instructions). Per copy instruction a warp still takes 8 tokens x 4 consecutive
-// units: two 32-byte sectors of each token's row, 4 core-matrix rows of shared memory. A thread keeps its P tokens (2
-// where CAP / 8 > WARPS) and first units; its Q units of each are DU apart.
+// chunk's are a cp.async each at addresses that move by constants (a runtime loop over the copies spent ~30 SASS
+// instructions a copy on indices, 8 copies a thread a block at CAP 64). Per copy instruction a warp takes 8 tokens x 4
+// consecutive units: two 32-byte sectors of each token's row, 4 core-matrix rows of shared memory. A thread keeps its
+// P tokens (2 where CAP / 8 > WARPS) and first units; its Q units of each are DU apart.
 struct TileCopies {
     static constexpr int GROUPS = CAP / 8, P = GROUPS > WARPS ? GROUPS / WARPS : 1, Q = CAP / (WARPS * P),
                          DU = 4 * WARPS * P / GROUPS;
