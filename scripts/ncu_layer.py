@@ -14,6 +14,10 @@ occupancy, stall reasons), not its times.
 tensor-core kernels), three times; for example
 
     ncu -k regex:"_moe_.*_multi" -c 2 --set full python3 scripts/ncu_layer.py --long 2048
+
+(the tensor-core kernels: -k regex:"moe_gateup_iq2|moe_down_q2k"; with -o F, `ncu --import F.ncu-rep --page source
+--csv --print-source sass > F.csv` and `python3 scripts/ncu_sass_table.py F.csv` give their instructions by opcode and
+their stalls by reason).
 """
 
 import argparse
