@@ -66,6 +66,36 @@ def test_trace_table_sums_kernels_per_trace(tmp_path):
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "bad.tsv line 1" in out.stderr
 
 
+def test_ncu_sass_table_counts_per_hgmma_and_stall_shares(tmp_path):
+    """scripts/ncu_sass_table.py on an ncu per-instruction export of one kernel: executed instructions by opcode
+    (predicates and modifiers dropped) per HGMMA, stall samples by reason (the Not Issued columns left out) as shares
+    of all samples; a file without the table is one clear error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "ncu_sass_table.py"
+    csv = tmp_path / "k.csv"
+    hdr = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb",' \
+          '"stall_long_sb (Not Issued)","stall_wait"'
+    csv.write_text("\n".join([
+        '"Kernel Name","moe_gateup_iq2_wg"', hdr,
+        '"0x10","@P2   PRMT R17, R17, 0x5432, R10","60","2,000","50","40","10"',
+        '"0x20","PRMT R1, R2, 0x4140, R3","10","1000","0","0","10"',
+        '"0x30","IMAD.WIDE R4, R11, 0x4, R4","10","500","5","5","5"',
+        '"0x40","HGMMA.64x64x16.F32 R24, R104, gdesc[UR4], R24","20","500","0","0","20"']) + "\n")
+    out = subprocess.run([sys.executable, script, csv, "--top", "1"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "4 instructions, 0.0 M warp instructions executed, 8.0 per HGMMA" in lines[0]
+    assert "PRMT 6.0 (75.0), IMAD 1.0 (12.5), HGMMA 1.0 (12.5)" in lines[1]
+    assert "long_sb 55.0, wait 45.0" in lines[2]
+    assert "PRMT R17" in lines[3] and lines[3].strip().startswith("60.0 %")
+    (tmp_path / "other.csv").write_text('"a","b"\n"1","2"\n')
+    out = subprocess.run([sys.executable, script, tmp_path / "other.csv"], capture_output=True, text=True)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0 and "other.csv" in out.stderr
+
+
 def test_trace_table_ends_gives_each_kernel_its_share_of_the_span(tmp_path):
     """scripts/trace_table.py --ends on a timeline: a kernel that starts before the previous one ends (programmatic
     dependent launch) counts only past that end, one inside another counts nothing, idle gaps are their own row,
