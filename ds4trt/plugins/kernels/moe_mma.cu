@@ -225,10 +225,7 @@ moe_gateup_iq2(const u16* __restrict__ xh, const float* __restrict__ xscale, con
     // xh [R, D] float16 bits, xscale [R]: x_f16's rows and scales, a row per token; ids, wts [P]: each pair's
     // expert and weight; gate, up [E, F, D / 256 * 66] IQ2_XXS; tables [384]: 256 grid rows, 128 sign rows (NIB);
     // h [P, F] float32
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");      // programmatic dependent launch (pdl.py's contract)
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of x
     TabRow* tab = (TabRow*)(smem + 2 * CAP * XSTRIDE);         // [384]
@@ -425,10 +422,7 @@ moe_gateup_iq2_wg(const u16* __restrict__ xh, const float* __restrict__ xscale, 
                   const unsigned char* __restrict__ up, const TabRow* __restrict__ tables, float* __restrict__ h,
                   int n_slots, int F, int D, float clamp) {
     // as moe_gateup_iq2's, xh in x_f16's wgmma order
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of x
     TabRow* tab = (TabRow*)(smem + 2 * XS_CHUNK);              // [384]
@@ -552,10 +546,7 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
              float* __restrict__ y, int D, int F) {
     // hh [P, F] float16 bits, hsh / hsl [P, F / 16] float16 bits, hinv [P, F / 256]: split_runs of h; down [E, D,
     // F / 256 * 84] Q2_K; y [P, D] float32
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][CAP][XSTRIDE]: two chunks of h
     unsigned char* ss = smem + 2 * CAP * XSTRIDE;               // [2][CAP][64]: their run sums, hi then lo
@@ -692,14 +683,12 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
                 const int* __restrict__ cnt, const int* __restrict__ starts, const unsigned char* __restrict__ down,
                 float* __restrict__ y, int D, int F) {
     // as moe_down_q2k's, hh in split_runs' wgmma order
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of h
-    unsigned char* ss = smem + 2 * XS_CHUNK;                    // [2][2][CAP * 32]: their run sums, hi and lo tiles
-    unsigned char* ws = ss + 4 * CAP * 32;                      // [2][ROWS * Q2K_SLOT]: their blocks of the rows
+    unsigned char* ss = smem + 2 * XS_CHUNK;                    // [2][2 XS_STEP]: their run sums, the hi and the lo
+                                                                // tile laid out as two k steps (wg_unit's u = 0..3)
+    unsigned char* ws = ss + 4 * XS_STEP;                       // [2][ROWS * Q2K_SLOT]: their blocks of the rows
     long long* prow = (long long*)(ws + 2 * ROWS * Q2K_SLOT);   // [CAP] each slot's pair
     float* inv = (float*)(prow + CAP);                          // [2][CAP]
 
@@ -719,9 +708,7 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
         const int s = (i / 36) % CAP, u = i % 36, buf = i / (36 * CAP);
         if (s < n)
             continue;
-        unsigned char* p = u < 32 ? xs + buf * XS_CHUNK + wg_unit(s, u)
-                                  : ss + (2 * buf + ((u - 32) >> 1)) * CAP * 32 + (s >> 3) * 256 + (u & 1) * 128 +
-                                        (s & 7) * 16;
+        unsigned char* p = u < 32 ? xs + buf * XS_CHUNK + wg_unit(s, u) : ss + buf * 2 * XS_STEP + wg_unit(s, u - 32);
         *(uint4*)p = uint4{0u, 0u, 0u, 0u};
     }
     __syncthreads();
@@ -734,12 +721,13 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
     for (int r = 0; r < R; ++r) {
         const int i = tid + WARPS * 32 * r, s = i % CAP, u = i / CAP;
         sum_src[r] = i < CAP * 4 && s < n ? ((u >> 1) ? hsl : hsh) + prow[s] * (F / 16) + (u & 1) * 8 : nullptr;
-        sum_dst[r] = (u >> 1) * CAP * 32 + (s >> 3) * 256 + (u & 1) * 128 + (s & 7) * 16;
+        sum_dst[r] = wg_unit(s, u);
     }
-    const float* inv_src = tid < n ? hinv + prow[tid] * nsb : nullptr;   // (tid < CAP <= WARPS * 32: one a slot)
+    static_assert(CAP <= WARPS * 32, "moe_down_q2k_wg: a thread for each slot's inv");
+    const float* inv_src = tid < n ? hinv + prow[tid] * nsb : nullptr;
 
     auto stage = [&](int blk) {
-        unsigned char* sb = ss + (blk & 1) * 2 * CAP * 32;
+        unsigned char* sb = ss + (blk & 1) * 2 * XS_STEP;
         copies.issue(xs + (blk & 1) * XS_CHUNK, blk * 256);
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -755,11 +743,11 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
     zero(acc);
     pipelined_blocks<true>(nsb, stage, [&](int blk) {
         const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
-        const unsigned char* sb = ss + (blk & 1) * 2 * CAP * 32;
+        const unsigned char* sb = ss + (blk & 1) * 2 * XS_STEP;
         const float* ib = inv + (blk & 1) * CAP;
         const unsigned long long desc_h = smem_desc(xb, 128, 256);
         const unsigned long long desc_sh = smem_desc(sb, 128, 256);
-        const unsigned long long desc_sl = desc_sh + ((CAP * 32) >> 4);
+        const unsigned long long desc_sl = desc_sh + (XS_STEP >> 4);
         const unsigned char* wb = ws + (blk & 1) * ROWS * Q2K_SLOT + (warp * 16 + g) * Q2K_SLOT;
         const u32* wg = (const u32*)(wb + ((og + blk * Q2K_BYTES) & 15));               // row g's block, staged
         const u32* w8 = (const u32*)(wb + 8 * Q2K_SLOT + ((o8 + blk * Q2K_BYTES) & 15));   // row g + 8's

@@ -44,6 +44,7 @@ from ds4trt.plugins.kernels import cuda_launch
 
 Q2_K, IQ2_XXS = 10, 16
 XSTRIDE = 576                 # bytes of a token's chunk in shared memory (moe_mma.cu)
+Q2K_SLOT = 96                 # bytes of a staged Q2_K block's slot in the wgmma down's shared memory (moe_mma.cu)
 WARPS = {32: 8, 64: 8}        # warps (16 rows each) of a program by CAP: 8 beat 4 and 2 (the header's runs)
 # the gate/up's IQ2_XXS tables (moe_mma.cu): True, 4-byte nibble selectors (fewer shared-memory passes, more
 # operations); False, 16-byte float16 rows: 4.08 / 4.86 / 7.85 ms at T = 512 / 1024 / 2048 against 3.20 / 3.92 / 7.36
@@ -128,12 +129,12 @@ def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
     """gate/up: two chunks of x (cap x XSTRIDE each; the wgmma kernel's unpadded, cap x 512), the 384 table rows, and
     per slot its token offset, s / 8, weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and
     of its run sums (64 bytes a slot), and per slot its pair and 2 invs; the wgmma down also each chunk's blocks of
-    the program's 16 WARPS[cap] rows (moe_mma.cu's stage_rows: 96 bytes a row)."""
+    the program's 16 WARPS[cap] rows (moe_mma.cu's stage_rows: Q2K_SLOT bytes a row)."""
     if name.startswith("moe_gateup_iq2"):
         chunk = cap * 512 if name.endswith("_wg") else cap * XSTRIDE
         return 2 * chunk + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
     wg = name.endswith("_wg")
-    return 2 * cap * ((512 if wg else XSTRIDE) + 64) + cap * (8 + 8) + wg * 2 * 16 * WARPS[cap] * 96
+    return 2 * cap * ((512 if wg else XSTRIDE) + 64) + cap * (8 + 8) + wg * 2 * 16 * WARPS[cap] * Q2K_SLOT
 
 
 @functools.cache

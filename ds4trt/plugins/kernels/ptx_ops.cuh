@@ -7,6 +7,15 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 
+// programmatic dependent launch (pdl.py's contract), a kernel's first statement: wait for the kernel before it, then
+// let the next one be scheduled (sm_90+; nothing on older targets)
+__device__ __forceinline__ void pdl_enter() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));

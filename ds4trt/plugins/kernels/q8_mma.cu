@@ -116,10 +116,7 @@ q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, co
        int K, int KP, int spans, int splits, u32 hi_bytes) {
     // hi_bytes: 0x64646464, an argument so that ptxas keeps it in a register and each PRMT takes its selector as the
     // immediate (as a literal, ptxas made it the immediate and moved each selector into a register: a move per PRMT)
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");      // programmatic dependent launch (pdl.py's contract)
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     const int stride = spans * 1024 + 64;     // bytes of an x row: 16 per 4 values (hi x 4, lo x 4), +64: no conflicts
     float* xscale = (float*)(smem + XROWS * stride);                             // [XROWS] s of each x row
