@@ -292,6 +292,15 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
     assert _rel(got, _moe_ref64(*dev[:3], _deq_experts(blocks, types, range(8)), CLAMP)) <= TOL_F16
 
 
+def _stack_and_spills(kernel: cuda_launch.Kernel, arch: str) -> tuple[bytes, tuple[int, int, int]]:
+    """kernel compiled for arch -> (cubin, ptxas' (stack frame, spill store, spill load) bytes for its entry)."""
+    cubin, log = cuda_launch.compile_cubin(kernel, arch, ptxas_verbose=True)
+    frame = re.search(rf"Function properties for {kernel.name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
+                      rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert frame, f"{kernel}: {log}"
+    return cubin, tuple(map(int, frame.groups()))
+
+
 @pytest.mark.skipif(not cuda_launch.builds(), reason="NVRTC not found (pip install nvidia-cuda-nvrtc)")
 def test_every_launch_compiles_for_sm90_without_spills():
     """Each CAP's launch (WARPS, FUSE, MIN_BLOCKS) and its down, and the gate/up with the other table form (NIB) at one
@@ -307,22 +316,17 @@ def test_every_launch_compiles_for_sm90_without_spills():
                                       ("moe_gateup_iq2", not moe_mma.NIB, fuse, 1),
                                       ("moe_down_q2k", moe_mma.NIB, False, None)):
             kernel = moe_mma.kernel(name, cap // 8, warps, nib, fuse, minb)
-            cubin, log = cuda_launch.compile_cubin(kernel, "sm_90", ptxas_verbose=True)
+            cubin, frame = _stack_and_spills(kernel, "sm_90")
             assert cubin[:4] == b"\x7fELF"
-            frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
-                              rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            assert frame, f"{kernel}: {log}"
             bound = 0
             if (cap, warps) == (64, 8) and minb is None:
                 bound = SPILL_64_GATEUP if name == "moe_gateup_iq2" else SPILL_64
-            assert max(map(int, frame.groups())) <= bound, f"{kernel}: {frame.group(0)}"
-    for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels, for sm_90a at WG_MIN_BLOCKS: no spills
+            assert max(frame) <= bound, f"{kernel}: stack frame, spill stores, spill loads {frame}"
+    for cap, warps in moe_mma.WARPS.items():          # the wgmma kernels as _launch builds them, for sm_90a: no spills
         for name in ("moe_gateup_iq2_wg", "moe_down_q2k_wg"):
-            kernel = moe_mma.kernel(name, cap // 8, warps, fuse=name.startswith("moe_gateup") and None)
-            cubin, log = cuda_launch.compile_cubin(kernel, "sm_90a", ptxas_verbose=True)
-            frame = re.search(rf"Function properties for {name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
-                              rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            assert frame and max(map(int, frame.groups())) == 0, f"{kernel}: {frame and frame.group(0)}"
+            kernel = moe_mma.kernel(name, cap // 8, warps)
+            _, frame = _stack_and_spills(kernel, "sm_90a")
+            assert max(frame) == 0, f"{kernel}: stack frame, spill stores, spill loads {frame}"
 
 
 def test_the_cuda_kernels_need_compute_capability_8(monkeypatch):
