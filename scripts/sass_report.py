@@ -15,7 +15,8 @@ LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization;
 _attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at TOP_CONFIG or the --top-config
 launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches:
 its "loop" is one span of 256 values of each of the warp's rows, its shared memory that of MAX_SPANS spans; with
---long also the long calls' tensor-core MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches:
+--long also the long calls' tensor-core MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches (the
+wgmma ones, `_wg`, for sm_90a where NVRTC builds it, at WG_MIN_BLOCKS or the launch's MINB):
 gate/up's "loop" is half a block (128 values) of a warp's 16 rows of one matrix, or of both when fused; down's a
 half block of the main term), and prints registers
 per thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
@@ -118,10 +119,14 @@ def main() -> int:
             nib = bool(opt[0]) if opt else moe_mma.NIB
             fuse = bool(opt[1]) if len(opt) > 1 else moe_mma.FUSE.get(8 * nt, False)
             minb = opt[2] if len(opt) > 2 else moe_mma.MIN_BLOCKS.get(8 * nt, 1)
-            for name in ("moe_gateup_iq2", "moe_down_q2k"):
-                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib, fuse, minb), "sm_90")
-                label = f"{name}_cap{8 * nt}_{warps}w_minb{minb}" + (
-                    (("_nib" if nib else "") + ("_fused" if fuse else "")) if name == "moe_gateup_iq2" else "")
+            wg_minb = opt[2] if len(opt) > 2 else moe_mma.WG_MIN_BLOCKS.get(8 * nt, 1)
+            wg = cuda_launch.builds_sm90a() and warps % 4 == 0
+            for name, arch, mb in (("moe_gateup_iq2", "sm_90", minb), ("moe_down_q2k", "sm_90", minb),
+                                   *((("moe_gateup_iq2_wg", "sm_90a", wg_minb), ("moe_down_q2k_wg", "sm_90a", wg_minb))
+                                     if wg else ())):
+                cubin, _ = cuda_launch.compile_cubin(moe_mma.kernel(name, nt, warps, nib, fuse, mb), arch)
+                label = f"{name}_cap{8 * nt}_{warps}w_minb{mb}" + (
+                    (("_nib" if nib else "") + ("_fused" if fuse else "")) if name.startswith("moe_gateup") else "")
                 rows.append((label, sm90.cubin_stats(cubin, label, moe_mma.smem_bytes(name, 8 * nt, nib),
                                                      innermost_mma=True, function=name)))
         for config in args.attend_config or [A.LONG_CONFIG]:
