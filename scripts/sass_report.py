@@ -8,7 +8,7 @@
                                    [--moe-mma NT:WARPS[:NIB[:FUSE[:MINB]]] ...] [--dump DIR]
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
-kernels of the q2 and q4 mixes and the Q8_0 kernel at Flash widths (for T = 1, or the --q8-t row counts),
+kernels of the q2 and q4 mixes and the Q8_0 and F16 kernels at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
 hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
@@ -76,6 +76,7 @@ def main() -> int:
     args = ap.parse_args()
     sm90.activate()
     from ds4trt.plugins.kernels import attn_triton as A
+    from ds4trt.plugins.kernels import f16_triton as F16
     from ds4trt.plugins.kernels import moe_triton as M
     from ds4trt.plugins.kernels import q8_triton as Q
     from ds4trt.testing import warmups as W
@@ -141,6 +142,9 @@ def main() -> int:
                 report(f"q8_t{T}_{n}x{k}_{br}x{warps}_split{splits}" + ("_pf" if pf else "") + (f"_nb{nb}" if nb < 8
                                                                                                 else ""),
                        W.q8_rows(k, br, warps, steps // splits, splits, T, N=n, pf=pf, nb=nb))
+        for n, k in ((256, 4096), (2624, 4096), (8192, 1024)):  # the router, a ratio-4 layer's u group, indexer q_b
+            br, bk = F16.launch_shape(n, k, T)
+            report(f"f16_t{T}_{n}x{k}_{br}x{bk}", W.f16_rows(n, k, T, br, bk))
     from ds4trt.plugins.kernels import q8_mma as QM
     warps, mt, pf, _ = QM.CONFIG
     for nt, mt_, warps_, pf_ in args.q8_mma or [(1, mt, warps, pf), (2, mt, warps, pf)]:
