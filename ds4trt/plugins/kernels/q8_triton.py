@@ -4,7 +4,9 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     split_q8(blocks uint8 [N, K/32*34], N, K) -> quants uint8 [N, KP], scales f16 [N, KP/32]   (KP: K to 256)
     q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
-        8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
+        8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection). Its first weight
+        words are read before the wait for the kernel launched just before (PDL), which must not write them (here
+        they are always a weight's).
     dequant_f16(quants, scales, K, inv_scale) -> float16 [N, K]: d * q * inv_scale (a power of two) rounded to
         float16, the weight operand of the CUDA backend's long prefill chunks (runtime/backends/cuda.py project_f16).
     x_f16(x [T, G*K] f32, wgmma_order=False) -> (float16 [T, G*K], s f32 [T]): each row divided by the power of two
