@@ -264,6 +264,7 @@ inline u32 mul_f16x2(u32 a, u32 b) {
 // memory read before the wait and barrier still holds what was there (NaN bytes or an older block), and a copy never
 // waited for never lands
 inline void pdl_enter() {}                          // programmatic dependent launch: programs run one at a time here
+inline uint4 ldg_before_wait(const uint4* p) { return __ldg(p); }
 inline void cp_async16(void* shared_dst, const void* global_src) {
     if (emu::readable(global_src, 16))
         emu::current->open.push_back({shared_dst, global_src, 16});

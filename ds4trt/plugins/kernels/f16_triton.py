@@ -3,6 +3,9 @@ for T = 1..MAX_T rows of x (up to LAUNCH_T per launch), W read as float16 and ac
 
     f16_matmul(x [T, K] f32, w [N, K] f16) -> [T, N] f32, 1 <= T <= MAX_T
 
+w is read before the wait for the kernel launched just before (PDL), so that kernel must not write it (here w is
+always a weight).
+
 One launch, grid (N / BR): a program holds BR rows of W in tiles of BK values (16-byte loads along K, the f16
 values made exact float32) and multiplies each by the T rows of x into [BR, BK] float32 partial products,
 reduced across the lanes once at the end. launch_shape picks (BR, BK) from N and T as measured on the H200. The
@@ -30,27 +33,22 @@ def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, B
     """out[0:TP, rows] for BR rows of w from program_id(0) * BR. KS (= K) is w's row stride as a runtime value the
     compiler only knows to be a multiple of 4: w is then read 4 halves (8 bytes) per load, and x, read in the same
     [BR, BK] shape, 4 floats per load, so both tiles get one layout (8-byte f16 loads against 16-byte f32 loads
-    gave two, and the loop converted x through shared memory)."""
-    pdl_enter(PDL)
+    gave two, and the loop converted x through shared memory). The first tile of w is requested before the wait for
+    the previous kernel (pdl_enter): weights, which no kernel of a step writes, so their load overlaps that kernel's
+    last programs."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < N
     c = tl.arange(0, BK)[None, :]
     wp = w_ptr + tl.multiple_of(rows.to(tl.int64) * KS, 4)[:, None] + c                  # [BR, BK]
     xo = c + 0 * rows[:, None]                                                           # [BR, BK]: x's offsets
-    acc0 = tl.zeros([BR, BK], tl.float32)
-    acc1 = tl.zeros([BR, BK], tl.float32)
-    acc2 = tl.zeros([BR, BK], tl.float32)
-    acc3 = tl.zeros([BR, BK], tl.float32)
-    for k in range(0, K, BK):
+    w_first = tl.load(wp, mask=rm[:, None] & (c < K), other=0.0)
+    pdl_enter(PDL)
+    zero = tl.zeros([BR, BK], tl.float32)
+    acc0, acc1, acc2, acc3 = _f16_tile(zero, zero, zero, zero, w_first.to(tl.float32), x_ptr, 0, xo, c < K, K, TP)
+    for k in range(BK, K, BK):
         km = k + c < K
         w = tl.load(wp + k, mask=rm[:, None] & km, other=0.0).to(tl.float32)
-        acc0 += w * tl.load(x_ptr + k + xo, mask=km, other=0.0)
-        if TP > 1:
-            acc1 += w * tl.load(x_ptr + K + k + xo, mask=km, other=0.0)
-        if TP > 2:
-            acc2 += w * tl.load(x_ptr + 2 * K + k + xo, mask=km, other=0.0)
-        if TP > 3:
-            acc3 += w * tl.load(x_ptr + 3 * K + k + xo, mask=km, other=0.0)
+        acc0, acc1, acc2, acc3 = _f16_tile(acc0, acc1, acc2, acc3, w, x_ptr, k, xo, km, K, TP)
     tl.store(out_ptr + rows, tl.sum(acc0, axis=1), mask=rm)
     if TP > 1:
         tl.store(out_ptr + N + rows, tl.sum(acc1, axis=1), mask=rm)
@@ -58,6 +56,19 @@ def _f16_rows(x_ptr, w_ptr, out_ptr, N, KS, K: tl.constexpr, BR: tl.constexpr, B
         tl.store(out_ptr + 2 * N + rows, tl.sum(acc2, axis=1), mask=rm)
     if TP > 3:
         tl.store(out_ptr + 3 * N + rows, tl.sum(acc3, axis=1), mask=rm)
+
+
+@triton.jit
+def _f16_tile(acc0, acc1, acc2, acc3, w, x_ptr, k, xo, km, K: tl.constexpr, TP: tl.constexpr):
+    """The [BR, BK] partial products of w's tile at k (float32) with x's rows 0..TP-1 added to acc0..acc3."""
+    acc0 += w * tl.load(x_ptr + k + xo, mask=km, other=0.0)
+    if TP > 1:
+        acc1 += w * tl.load(x_ptr + K + k + xo, mask=km, other=0.0)
+    if TP > 2:
+        acc2 += w * tl.load(x_ptr + 2 * K + k + xo, mask=km, other=0.0)
+    if TP > 3:
+        acc3 += w * tl.load(x_ptr + 3 * K + k + xo, mask=km, other=0.0)
+    return acc0, acc1, acc2, acc3
 
 
 def launch_shape(N: int, K: int, T: int) -> tuple[int, int]:

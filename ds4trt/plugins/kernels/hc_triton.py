@@ -66,16 +66,22 @@ def _mix(row, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, hc_eps, ITERS: t
 def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, SPLITS: tl.constexpr,
              KC: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):
     """Program (t, split): inputs split*KC .. split*KC+KC-1 (a multiple of KB; those past S*D masked) of token t's
-    S*D stream values -> part[t, split] = (their MP dot products with the rows of fn, their sum of squares)."""
-    pdl_enter(PDL)
+    S*D stream values -> part[t, split] = (their MP dot products with the rows of fn, their sum of squares).
+    The first step's tile of fn is loaded before the wait for the previous kernel (pdl_enter): fn is a weight, which
+    no kernel of a step writes."""
     t = tl.program_id(0)
     sp = tl.program_id(1)
     M: tl.constexpr = (2 + S) * S
     j = tl.arange(0, MP)
     x_row = x_ptr + t.to(tl.int64) * (S * D)
-    acc = tl.zeros([MP, KB], tl.float32)
-    sq = tl.zeros([KB], tl.float32)
-    for k0 in range(0, KC, KB):
+    k = sp * KC + tl.arange(0, KB)
+    w = tl.load(fn_ptr + j[:, None] * (S * D) + k[None, :], mask=(j < M)[:, None] & (k < S * D)[None, :],
+                other=0.0)                                                              # [MP, KB]
+    pdl_enter(PDL)
+    x = tl.load(x_row + k, mask=k < S * D, other=0.0)
+    sq = x * x
+    acc = w * x[None, :]
+    for k0 in range(KB, KC, KB):
         k = sp * KC + k0 + tl.arange(0, KB)
         x = tl.load(x_row + k, mask=k < S * D, other=0.0)
         sq += x * x

@@ -16,6 +16,15 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// a 16-byte load that stays before pdl_enter's wait (a kernel's weights, which the kernel before it never writes:
+// their latency then overlaps that kernel's end). A volatile asm keeps NVVM from moving it past the wait's, and it is
+// a coherent ld.global: ptxas hoists the wait above ld.global.nc (__ldg) loads
+__device__ __forceinline__ uint4 ldg_before_wait(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));

@@ -50,20 +50,23 @@ struct Span {
     uint4 d[MT][2];                           // f16 scales of blocks 0..7, rows g and g + 8
 };
 
+// BEFORE_WAIT: the loads stay before pdl_enter's wait (the first span's, ldg_before_wait)
+template <bool BEFORE_WAIT = false>
 __device__ __forceinline__ void load_span(Span& sp, const unsigned char* __restrict__ quants,
                                           const u16* __restrict__ scales, int wrow0, int g, int t, int N, int KP,
                                           int span) {
+    auto ld = [](const uint4* p) { return BEFORE_WAIT ? ldg_before_wait(p) : __ldg(p); };
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = min(wrow0 + mt * 16 + g + 8 * r, N - 1);
             const uint4* q = (const uint4*)(quants + (long long)row * KP + (long long)span * SPAN);
-            sp.w[mt][r][0] = __ldg(q + 2 * t);                     // bytes 32t..32t+31: word t of blocks 0..7
-            sp.w[mt][r][1] = __ldg(q + 2 * t + 1);
-            sp.w[mt][r][2] = __ldg(q + 2 * t + 8);                 // word t + 4 of blocks 0..7
-            sp.w[mt][r][3] = __ldg(q + 2 * t + 9);
-            sp.d[mt][r] = __ldg((const uint4*)(scales + (long long)row * (KP / 32) + (long long)span * 8));
+            sp.w[mt][r][0] = ld(q + 2 * t);                        // bytes 32t..32t+31: word t of blocks 0..7
+            sp.w[mt][r][1] = ld(q + 2 * t + 1);
+            sp.w[mt][r][2] = ld(q + 2 * t + 8);                    // word t + 4 of blocks 0..7
+            sp.w[mt][r][3] = ld(q + 2 * t + 9);
+            sp.d[mt][r] = ld((const uint4*)(scales + (long long)row * (KP / 32) + (long long)span * 8));
         }
 }
 
@@ -116,7 +119,6 @@ q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, co
        int K, int KP, int spans, int splits, u32 hi_bytes) {
     // hi_bytes: 0x64646464, an argument so that ptxas keeps it in a register and each PRMT takes its selector as the
     // immediate (as a literal, ptxas made it the immediate and moved each selector into a register: a move per PRMT)
-    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     const int stride = spans * 1024 + 64;     // bytes of an x row: 16 per 4 values (hi x 4, lo x 4), +64: no conflicts
     float* xscale = (float*)(smem + XROWS * stride);                             // [XROWS] s of each x row
@@ -130,8 +132,9 @@ q8_mma(const float* __restrict__ x, const unsigned char* __restrict__ quants, co
     const float* xg = x + (long long)(row0 / rows_per_group) * K;               // this program's group of inputs
     const int groups4 = spans * (SPAN / 4);                                     // 4-value groups of the range
 
-    Span cur;                                 // the first span's loads, in flight while x is prepared
-    load_span(cur, quants, scales, wrow0, g, t, N, KP, span0);
+    Span cur;                                 // the first span's loads, in flight while x is prepared: before the
+    load_span<true>(cur, quants, scales, wrow0, g, t, N, KP, span0);     // wait for the kernel before (weights,
+    pdl_enter();                                                           // which no kernel of a step writes)
 
     // 1. s of each x row: the power of two above its largest |value| in the range (1 for all-zero or non-finite;
     //    NaN and infinities reach the products through the parts)

@@ -4,7 +4,9 @@ rows of x, reading W as Q8_0 values, rearranged once when the weight is loaded (
     split_q8(blocks uint8 [N, K/32*34], N, K) -> quants uint8 [N, KP], scales f16 [N, KP/32]   (KP: K to 256)
     q8_matmul(x [T, G*K] f32, quants, scales, K, groups=G, out=None) -> out [T, N] float32
         Rows n of W form G equal groups; group g = n // (N/G) reads x[:, g*K:(g+1)*K] (attn_output_a's
-        8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection).
+        8 groups of 1024 rows each seeing their own 4096 inputs; G = 1 for a plain projection). Its first weight
+        words are read before the wait for the kernel launched just before (PDL), which must not write them (here
+        they are always a weight's).
     dequant_f16(quants, scales, K, inv_scale) -> float16 [N, K]: d * q * inv_scale (a power of two) rounded to
         float16, the weight operand of the CUDA backend's long prefill chunks (runtime/backends/cuda.py project_f16).
     x_f16(x [T, G*K] f32, wgmma_order=False) -> (float16 [T, G*K], s f32 [T]): each row divided by the power of two
@@ -100,13 +102,13 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
     last of a tile's SPLITS programs adds the partials in split order (deterministic), writes out and sets cnt[i]
     back to 0, so no second launch sums them (cnt: zeros before the call, zeros after it).
     PF: each step's words and scales are loaded during the step before (its latency hidden behind that step's math;
-    a program of K = 1024 has only 4 steps, so without it a good part of its time is 4 waits on memory)."""
-    pdl_enter(PDL)
+    a program of K = 1024 has only 4 steps, so without it a good part of its time is 4 waits on memory); the first
+    step's are requested before the wait for the previous kernel (q8_tile's PDL)."""
     row0 = tl.program_id(0) * BR
     rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
     x_row = x_ptr + (row0 // rows_per_group).to(tl.int64) * K
     y0, y1, y2, y3 = q8_tile(x_row, K * (N // rows_per_group), q_ptr, d_ptr, rows, tl.program_id(1) * STEPS, ONE,
-                              K, BR, STEPS, TP, PF, NB)
+                              K, BR, STEPS, TP, PF, NB, PDL)
     out_rows = row0 + tl.arange(0, BR)
     o = (out_ptr if SPLITS == 1 else part_ptr + tl.program_id(1).to(tl.int64) * (TP * N)) + out_rows
     omask = out_rows < N
@@ -132,13 +134,16 @@ def _q8_rows(x_ptr, q_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, rows_per_group,
 
 @triton.jit
 def q8_tile(x_row, xs, q_ptr, d_ptr, rows, kb0, ONE, K: tl.constexpr, BR: tl.constexpr, STEPS: tl.constexpr,
-            TP: tl.constexpr, PF: tl.constexpr, NB: tl.constexpr = 8):
+            TP: tl.constexpr, PF: tl.constexpr, NB: tl.constexpr = 8, PDL: tl.constexpr = False):
     """4 x [BR] float32: weight rows `rows` ([BR] int64) of split_q8's arrays times TP <= 4 rows of x (x_row: row 0,
     16-byte aligned; xs: the stride between rows) over the STEPS steps of 8 blocks from step kb0 on (sums of rows
     past TP are zeros). _q8_rows' loop (see there), also the shared expert's down in moe_triton.
     NB: blocks of a step per tile (8, 4 or 2): each step is 8 / NB sub-steps over a [word, NB blocks, row] tile, so
     that a thread holds NB words of more rows and loads each x value once for all of them (x's registers and loads
-    per weight word fall by 8 / NB at the same weight bytes per thread)."""
+    per weight word fall by 8 / NB at the same weight bytes per thread).
+    PDL: this is the kernel's start, so it waits for the previous kernel (pdl_enter) here: with PF after the first
+    sub-step's words and scales are requested (weights, which no kernel of a step writes: their loads then overlap
+    that kernel's last programs while this one's programs are already resident), else before any load."""
     KP: tl.constexpr = (K + 255) // 256 * 256                            # padded row length
     SUB: tl.constexpr = 8 // NB                                           # sub-steps per step
     w_ptr = q_ptr.to(tl.pointer_type(tl.uint32))
@@ -154,6 +159,7 @@ def q8_tile(x_row, xs, q_ptr, d_ptr, rows, kb0, ONE, K: tl.constexpr, BR: tl.con
     if PF:                                  # this program's first sub-step, loaded before the loop
         w_next = tl.load(w_ptr + woff + kb0 * 64)
         d_next = tl.load(d_ptr + doff + kb0 * 8)
+    pdl_enter(PDL)
     for it in range(0, STEPS * SUB):
         span = kb0 + it // SUB                      # the step (span of 8 blocks) and the sub-step's first block in it
         b0 = it % SUB * NB
