@@ -295,6 +295,9 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
 def _stack_and_spills(kernel: cuda_launch.Kernel, arch: str) -> tuple[bytes, tuple[int, int, int]]:
     """kernel compiled for arch -> (cubin, ptxas' (stack frame, spill store, spill load) bytes for its entry)."""
     cubin, log = cuda_launch.compile_cubin(kernel, arch, ptxas_verbose=True)
+    if not log:
+        pytest.skip("this NVRTC returns no ptxas -v report (the GPU machine's image: NVRTC 13.0 under cuda.bindings "
+                    "13.3); the check runs where it does, as on CI")
     frame = re.search(rf"Function properties for {kernel.name}\s+ptxas\s+\.\s+(\d+) bytes stack frame, "
                       rf"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert frame, f"{kernel}: {log}"
