@@ -107,7 +107,7 @@ def split_f16():
 
 def x_f16(GK: int):
     """the prefill projections' input rounding (no PDL)"""
-    return q8_triton._x_f16.warmup(F32, F32, F16, F32, 2048, GK=GK, BT=q8_triton.X_F16_BT, BK=q8_triton.X_F16_BK,
+    return q8_triton._x_f16.warmup(F32, F16, F32, 2048, GK=GK, BT=q8_triton.X_F16_BT, BK=q8_triton.X_F16_BK,
                                    num_warps=q8_triton.PARTS_WARPS, grid=(1,))
 
 

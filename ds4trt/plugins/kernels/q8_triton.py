@@ -86,7 +86,7 @@ LAUNCH_T = 4                 # rows of x per launch of _q8_rows (its accumulator
 MIN_PROGRAMS = 528           # a sweep config without a third entry: 4 programs per SM on an H200
 COUNTER_SLOTS = 4096         # arrival counters: the most row tiles of a split call (its min programs at most)
 PARTS_BR, PARTS_BK, PARTS_WARPS = 32, 256, 4      # dequant_f16's tile: rows, values, warps
-X_F16_BT, X_F16_BK = 16, 256                      # x_f16's tile: rows, inputs (PARTS_WARPS warps)
+X_F16_BT, X_F16_BK = 2, 1024                      # x_f16's tile: rows, inputs a step (PARTS_WARPS warps)
 
 
 @triton.jit
@@ -252,29 +252,33 @@ def _dequant_f16(q_ptr, d_ptr, out_ptr, N, inv_scale, K: tl.constexpr, BR: tl.co
 
 
 @triton.jit
-def _x_f16(x_ptr, m_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+def _x_f16(x_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
            WGMMA_ORDER: tl.constexpr = False):
-    """Program (p, c): rows p*BT.. and inputs c*BK.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to
-    nearest even, s [T] (stored by the programs c = 0) the power of two with the row's max |x|, m [T], in [s/2, s)
-    (2^-126 for a row of zeros or subnormals; finite rows below 2^126). WGMMA_ORDER: each 256-value chunk's values
+    """Program p: rows p*BT.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to nearest even, s [T]
+    the power of two with the row's max |x| in [s/2, s) (2^-126 for a row of zeros or subnormals; finite rows below
+    2^126), in two passes over the rows, the second mostly from L2. WGMMA_ORDER: each 256-value chunk's values
     stored in wgmma_position's order (BK a multiple of 256)."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     live = rows < T
-    m = tl.load(m_ptr + rows, mask=live, other=0.0)
+    base = rows.to(tl.int64)[:, None] * GK
+    m = tl.zeros([BT], tl.float32)
+    for k0 in tl.range(0, GK, BK):
+        k = k0 + tl.arange(0, BK)
+        v = tl.load(x_ptr + base + k[None, :], mask=live[:, None] & (k < GK)[None, :], other=0.0)
+        m = tl.maximum(m, tl.max(tl.abs(v), axis=1))
     e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF                                # biased exponent of the maximum
-    s = ((e + 1) << 23).to(tl.float32, bitcast=True)                               # 2^(e - 126) > max
+    tl.store(s_ptr + rows, ((e + 1) << 23).to(tl.float32, bitcast=True), mask=live)  # 2^(e - 126) > max
     inv = ((253 - e) << 23).to(tl.float32, bitcast=True)                           # 1 / s, exactly
-    tl.store(s_ptr + rows, s, mask=live & (tl.program_id(1) == 0))
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    mask = live[:, None] & (k < GK)[None, :]
-    off = rows.to(tl.int64)[:, None] * GK + k[None, :]
-    v = tl.load(x_ptr + off, mask=mask, other=0.0)
-    if WGMMA_ORDER:
-        o = k % 256                                  # wgmma_position in Triton: value o of a chunk -> its position
-        sb, r, i = o >> 5, (o >> 3) & 3, o & 7
-        p = (k - o) + 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
-        off = rows.to(tl.int64)[:, None] * GK + p[None, :]
-    tl.store(out_ptr + off, (v * inv[:, None]).to(tl.float16), mask=mask)
+    for k0 in tl.range(0, GK, BK):
+        k = k0 + tl.arange(0, BK)
+        mask = live[:, None] & (k < GK)[None, :]
+        v = tl.load(x_ptr + base + k[None, :], mask=mask, other=0.0)
+        p = k
+        if WGMMA_ORDER:
+            o = k % 256                              # wgmma_position in Triton: value o of a chunk -> its position
+            sb, r, i = o >> 5, (o >> 3) & 3, o & 7
+            p = (k - o) + 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
+        tl.store(out_ptr + base + p[None, :], (v * inv[:, None]).to(tl.float16), mask=mask)
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}
@@ -416,7 +420,7 @@ def wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
 
 
 def x_f16(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input side of project_f16 (runtime/backends/cuda.py) in two passes (the rows' maxima, then one kernel):
+    """The input side of project_f16 (runtime/backends/cuda.py) in one kernel (each row band read twice):
     x float32 [T, GK] -> (float16 [T, GK], s float32 [T]) with row t = x[t] / s[t] rounded to nearest even, s[t]
     the power of two with max |x[t]| in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16)).
     wgmma_order: each 256-value chunk of a row in wgmma_position's order (GK a multiple of 256)."""
@@ -425,11 +429,10 @@ def x_f16(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor, tor
                          f"{x.dtype} {list(x.shape)}")
     T, GK = x.shape
     x = x.contiguous()
-    m = torch.linalg.vector_norm(x, float("inf"), dim=1)                           # [T] max |x|, one pass
     out = torch.empty(T, GK, dtype=torch.float16, device=x.device)
     s = torch.empty(T, dtype=torch.float32, device=x.device)
-    _x_f16[(triton.cdiv(T, X_F16_BT), triton.cdiv(GK, X_F16_BK))](x, m, out, s, T, GK=GK, BT=X_F16_BT, BK=X_F16_BK,
-                                                                   WGMMA_ORDER=wgmma_order, num_warps=PARTS_WARPS)
+    _x_f16[(triton.cdiv(T, X_F16_BT),)](x, out, s, T, GK=GK, BT=X_F16_BT, BK=X_F16_BK, WGMMA_ORDER=wgmma_order,
+                                        num_warps=PARTS_WARPS)
     return out, s
 
 
