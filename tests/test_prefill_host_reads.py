@@ -80,8 +80,6 @@ def host_reads(control: bool) -> collections.Counter:
         for name in TORCH_READS:
             setattr(torch, name, recorded("torch." + name, getattr(torch, name)))
         if control:
-            listing = moe_triton._long_items
-
             def listing_that_reads(ids, *rest):
                 int(ids.max())                  # a read of the routing, as the listing once made (counts.tolist())
                 raise _ControlRead

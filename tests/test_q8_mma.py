@@ -45,11 +45,11 @@ def test_every_launch_compiles_for_sm90_without_spills():
         for nt in (1, 2):
             cubin, log = q8_mma.compile_cubin("sm_90", nt, mt, warps, pf, ptxas_verbose=True)
             assert cubin[:4] == b"\x7fELF", (nt, mt, warps, pf)
-            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            regs = re.search(r"Used (\d+) registers", log)
             if not log:
                 pytest.skip("this NVRTC returns no ptxas -v report (the GPU machine's image: NVRTC 13.0 under "
                             "cuda.bindings 13.3); the check runs where it does, as on CI")
+            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            regs = re.search(r"Used (\d+) registers", log)
             assert frame and regs, log
             assert frame.groups() == ("0", "0", "0"), f"NT={nt} MT={mt} WARPS={warps} PF={pf}: {frame.group(0)}"
             if (warps, mt, pf) == q8_mma.CONFIG[:3] and nt == 1:
