@@ -768,6 +768,27 @@ def test_hc_post_vs_float64(D):
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
 
 
+@pytest.mark.parametrize("D", [4096, 96] if GPU else [96, 1056])
+def test_hc_post_pre_vs_float64(D):
+    """A decode / verify step's stream update fused with the next reduction against model/hc.py hc_post_pre in
+    float64 (fresh random f, X, post, comb; D = 96 leaves most programs without dims, 1056 a partial step of dims)."""
+    from ds4trt.model.hc import hc_post_pre
+
+    g = torch.Generator().manual_seed(_seed("hc_post_pre", D))
+    S, M = 4, 24
+    for T in (T_GPU if GPU else (1, 3)):
+        f, X = torch.randn(T, D, generator=g), torch.randn(T, S, D, generator=g) * 2
+        post, comb = torch.rand(T, S, generator=g) * 2, torch.rand(T, S, S, generator=g)
+        fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
+        scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
+        want = hc_post_pre(*(a.double() for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6, 20)
+        got = hc_triton.hc_post_pre_triton(*(a.to(DEVICE) for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6,
+                                           20)
+        for name, a, b in zip(("X", "y", "post", "comb"), got, want):
+            assert a.shape == b.shape, name
+            assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
+
+
 # (H, d, T, K): Flash at a prefill block (256 queries; the raw window band, a masked run of compressed rows), a
 # tiny model's 4 heads of 64
 ATTEND_LONG_SHAPES = [(64, 512, 256, 700), (4, 64, 37, 90)] if GPU else [(16, 128, 7, 70), (4, 64, 9, 37)]
@@ -1128,6 +1149,7 @@ def test_every_variant_compiles_for_sm90():
             ok(W.attend_join(K, ks, ch))
         ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
+        ok(W.hc_post_dots(4, 4096))
         ok(W.hc_post(4, 4096))
         ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))

@@ -190,6 +190,13 @@ def hc_dots(S: int, D: int):
                              num_warps=4, **LAUNCH)
 
 
+def hc_post_dots(S: int, D: int):
+    H = hc_triton
+    dc = D // H.SPLITS
+    return H._hc_post_dots.warmup(F32, F32, F32, F32, F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, DC=dc,
+                                  DB=min(dc, H.KB // S), num_warps=4, **LAUNCH)
+
+
 def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):
     """the prefill kernel (no PDL)"""
     H = hc_triton

@@ -12,7 +12,8 @@ Prefill chunks (more rows than the kernels take) multiply on the float16 tensor 
 relative): a Q8_0 weight made float16 one at a time by one kernel from its blocks (q8_triton.dequant_f16, 3 bytes
 of traffic per weight value, no float32 copy), an F16 one as it is.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
+two kernels (hc_triton.hc_pre_triton) in decode and verify steps, and after the attention with its update of the
+streams in the first (hc_post_pre_triton); their attention and its output's inverse RoPE as
 two (attn_triton), the indexer's scores as one (index_triton); in every step the raw KV row and each compressor's rows
 (rows_triton), the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
 PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
@@ -131,6 +132,19 @@ def hc_pre_op(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torc
 def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
     T, S, D = X.shape
     return X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
+
+
+@torch.library.custom_op("ds4trt::hc_post_pre", mutates_args=())
+def hc_post_pre_op(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                   scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float,
+                   sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_post_pre_triton(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@hc_post_pre_op.register_fake
+def _(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+    T, S, D = X.shape
+    return X.new_empty(T, S, D), X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
 
 
 @torch.library.custom_op("ds4trt::attend", mutates_args=())
@@ -304,6 +318,15 @@ def hc_combine(f, X, post, comb):
     if X.shape[0] <= FUSED_MAX_T:
         return hc_post(f, X, post, comb)
     return hc_triton.hc_post_triton(f, X, post, comb)
+
+
+def hc_update_reduce(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """model/hc.py hc_post_pre on this backend: two kernels for steps of up to hc_triton.MAX_T tokens (the update
+    and the reduction's products in one), else hc_combine then hc_reduce (prefill chunks)."""
+    if X.shape[0] <= hc_triton.MAX_T:
+        return hc_post_pre_op(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    X = hc_combine(f, X, post, comb)
+    return (X, *hc_reduce(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters))
 
 
 class Q8Linear(nn.Module):
@@ -521,6 +544,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
         if isinstance(m, HyperConnection):
             m.reduce = hc_reduce
             m.combine = hc_combine
+            m.update_reduce = hc_update_reduce
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.attend_top = attend_top_kernel
