@@ -397,22 +397,26 @@ def test_moe_graph_replay_and_determinism():
 
 @pytest.mark.parametrize("mix", ["iq2_iq2_q2k", "q4k"])
 def test_moe_with_the_shared_experts_down(mix):
-    """moe_forward's `shared` (one token): a Q8_0 shared expert's down product computed by extra programs of the
-    routed down launch. per_slot's last slot is the shared down of sh alone and the summed output the routed experts
-    plus it (both against float64), the scratch poisoned first; the routed slots are bit for bit those of a call
-    without it (Flash widths on the GPU). Refused: more than one token, arrays of another shape."""
+    """moe_forward's `shared` (one token): a Q8_0 shared expert's SwiGLU and down product computed by extra
+    programs of the routed experts' first and down launches, from its gate's and up's products gu. per_slot's last
+    slot is the shared expert's output alone and the summed output the routed experts plus it (both against float64),
+    the scratch poisoned first; the routed slots are bit for bit those of a call without it (Flash widths on the
+    GPU). Refused: more than one token, arrays of another shape."""
+    from ds4trt.model.moe import swiglu
+
     types = MIXES[mix]
     D, F, k = (4096, 2048, 6) if GPU else (512, 256, 3)
     v, ids, w, blocks = _small_case(types, seed=_seed("shared", mix), T=1, D=D, F=F, k=k)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     rng = np.random.default_rng(_seed("shared q8", mix))
     wb = torch.from_numpy(random_q8_0(rng, D, F, 1 / F ** 0.5)).to(DEVICE)
-    shared = (torch.from_numpy(rng.standard_normal((1, F)).astype(np.float32)).to(DEVICE),
-              *q8_triton.split_q8(wb, D, F))
-    sh64 = shared[0].double() @ q8_float64(wb, F).T
+    gu = torch.from_numpy(rng.standard_normal((1, 2 * F)).astype(np.float32) * 4).to(DEVICE)   # some clamped
+    shared = (gu, *q8_triton.split_q8(wb, D, F))
+    sh64 = swiglu(gu[:, :F].double(), gu[:, F:].double(), CLAMP) @ q8_float64(wb, F).T
     ws = moe_triton.MoEWorkspace.create(1, k, D, F, DEVICE, shared=True)
     ws.h.fill_(float("nan"))
     ws.y.fill_(float("nan"))
+    ws.sh.fill_(float("nan"))
     ws.xq.fill_(-1)
     slots = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True, workspace=ws, shared=shared)
     assert slots.shape == (1, k + 1, D)

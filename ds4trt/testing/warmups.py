@@ -35,8 +35,8 @@ def _reg(maxnreg: int | None) -> dict:
 
 
 def moe_prepare(P: int, D: int):
-    return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, ITEM_CAP=16, MIN_PAIRS=M.MULTI_MIN,
-                                 PB=max(16, 1 << (P - 1).bit_length()), D=D, num_warps=4, **LAUNCH)
+    return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, 16, F32, F32, 10.0, ITEM_CAP=16, MIN_PAIRS=M.MULTI_MIN,
+                                 PB=max(16, 1 << (P - 1).bit_length()), D=D, F=D // 2, num_warps=4, **LAUNCH)
 
 
 def split_runs():
