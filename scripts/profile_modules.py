@@ -60,6 +60,7 @@ class Timer:
             kind = f"r{cfg.ratio(i)}"
             for hc in (block.hc_attn, block.hc_ffn):
                 hc.reduce, hc.combine = w("hc.reduce", hc.reduce), w("hc.combine", hc.combine)
+                hc.update_reduce = w("hc.update_reduce", hc.update_reduce)
             a, f = block.attn, block.ffn
             a.forward, a.group = w(f"attn[{kind}]", a.forward), w("attn.group (u projections)", a.group)
             a.attend = w(f"attn.attend[{kind}]", a.attend)

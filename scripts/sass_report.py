@@ -9,8 +9,9 @@
 
 For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_config) it compiles the one-pair ds4::MoE
 kernels of the q2 and q4 mixes and the Q8_0 and F16 kernels at Flash widths (for T = 1, or the --q8-t row counts),
-attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps) and the two
-hyper-connection kernels of hc_pre_triton (--long: also the prefill chunks' multi-pair MoE kernels, at
+attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps), the two
+hyper-connection kernels of hc_pre_triton and hc_post_pre_triton's first, _hc_post_dots (--long: also the prefill
+chunks' multi-pair MoE kernels, at
 LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
 _attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at TOP_CONFIG or the --top-config
 launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches:
@@ -163,6 +164,7 @@ def main() -> int:
             report(f"top_rows_{n}_{warps}w", W.top_rows(n, warps=warps), math=False)
     report("hc_dots", W.hc_dots(4, D))
     report("hc_combine", W.hc_combine(4, D))
+    report("hc_post_dots", W.hc_post_dots(4, D))
     cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES
                                                                         if o not in ("STL", "LDL"))
     width = {c: max(6, len(c)) + 1 for c in cols}

@@ -397,22 +397,26 @@ def test_moe_graph_replay_and_determinism():
 
 @pytest.mark.parametrize("mix", ["iq2_iq2_q2k", "q4k"])
 def test_moe_with_the_shared_experts_down(mix):
-    """moe_forward's `shared` (one token): a Q8_0 shared expert's down product computed by extra programs of the
-    routed down launch. per_slot's last slot is the shared down of sh alone and the summed output the routed experts
-    plus it (both against float64), the scratch poisoned first; the routed slots are bit for bit those of a call
-    without it (Flash widths on the GPU). Refused: more than one token, arrays of another shape."""
+    """moe_forward's `shared` (one token): a Q8_0 shared expert's SwiGLU and down product computed by extra
+    programs of the routed experts' first and down launches, from its gate's and up's products gu. per_slot's last
+    slot is the shared expert's output alone and the summed output the routed experts plus it (both against float64),
+    the scratch poisoned first; the routed slots are bit for bit those of a call without it (Flash widths on the
+    GPU). Refused: more than one token, arrays of another shape."""
+    from ds4trt.model.moe import swiglu
+
     types = MIXES[mix]
     D, F, k = (4096, 2048, 6) if GPU else (512, 256, 3)
     v, ids, w, blocks = _small_case(types, seed=_seed("shared", mix), T=1, D=D, F=F, k=k)
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     rng = np.random.default_rng(_seed("shared q8", mix))
     wb = torch.from_numpy(random_q8_0(rng, D, F, 1 / F ** 0.5)).to(DEVICE)
-    shared = (torch.from_numpy(rng.standard_normal((1, F)).astype(np.float32)).to(DEVICE),
-              *q8_triton.split_q8(wb, D, F))
-    sh64 = shared[0].double() @ q8_float64(wb, F).T
+    gu = torch.from_numpy(rng.standard_normal((1, 2 * F)).astype(np.float32) * 4).to(DEVICE)   # some clamped
+    shared = (gu, *q8_triton.split_q8(wb, D, F))
+    sh64 = swiglu(gu[:, :F].double(), gu[:, F:].double(), CLAMP) @ q8_float64(wb, F).T
     ws = moe_triton.MoEWorkspace.create(1, k, D, F, DEVICE, shared=True)
     ws.h.fill_(float("nan"))
     ws.y.fill_(float("nan"))
+    ws.sh.fill_(float("nan"))
     ws.xq.fill_(-1)
     slots = moe_triton.moe_forward(*dev[:3], *dev[3:], *types, CLAMP, per_slot=True, workspace=ws, shared=shared)
     assert slots.shape == (1, k + 1, D)
@@ -766,6 +770,27 @@ def test_hc_post_vs_float64(D):
         want = hc_post(f.double(), X.double(), post.double(), comb.double())
         got = hc_triton.hc_post_triton(*(a.to(DEVICE) for a in (f, X, post, comb)))
         assert _rel(got, want) <= TOL, f"T = {T}: relative error {_rel(got, want):.2e}"
+
+
+@pytest.mark.parametrize("D", [4096, 96] if GPU else [96, 1056])
+def test_hc_post_pre_vs_float64(D):
+    """A decode / verify step's stream update fused with the next reduction against model/hc.py hc_post_pre in
+    float64 (fresh random f, X, post, comb; D = 96 leaves most programs without dims, 1056 a partial step of dims)."""
+    from ds4trt.model.hc import hc_post_pre
+
+    g = torch.Generator().manual_seed(_seed("hc_post_pre", D))
+    S, M = 4, 24
+    for T in (T_GPU if GPU else (1, 3)):
+        f, X = torch.randn(T, D, generator=g), torch.randn(T, S, D, generator=g) * 2
+        post, comb = torch.rand(T, S, generator=g) * 2, torch.rand(T, S, S, generator=g)
+        fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
+        scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
+        want = hc_post_pre(*(a.double() for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6, 20)
+        got = hc_triton.hc_post_pre_triton(*(a.to(DEVICE) for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6,
+                                           20)
+        for name, a, b in zip(("X", "y", "post", "comb"), got, want):
+            assert a.shape == b.shape, name
+            assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
 
 # (H, d, T, K): Flash at a prefill block (256 queries; the raw window band, a masked run of compressed rows), a
@@ -1128,6 +1153,7 @@ def test_every_variant_compiles_for_sm90():
             ok(W.attend_join(K, ks, ch))
         ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
+        ok(W.hc_post_dots(4, 4096))
         ok(W.hc_post(4, 4096))
         ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))

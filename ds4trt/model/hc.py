@@ -49,6 +49,15 @@ def hc_post(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Te
     return out
 
 
+def hc_post_pre(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """A sublayer's update of the streams (hc_post of its output f), then the next connection's reduction of them
+    (hc_pre with its fn, scale, base) -> X' [T, S, D], y [T, D], post [T, S], comb [T, S, S] (a backend may do both
+    in fewer passes over the streams)."""
+    X = hc_post(f, X, post, comb)
+    return (X, *hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters))
+
+
 def hc_collapse(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                 rms_eps: float, hc_eps: float) -> torch.Tensor:
     """The output head's stream collapse: sigmoid weights, no Sinkhorn.  X: [T, S, D] -> [T, D]"""

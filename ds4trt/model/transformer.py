@@ -16,7 +16,7 @@ import torch.nn as nn
 from ds4trt.model.attention import Attention, _param
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.linear import Linear, project_group
-from ds4trt.model.hc import hc_collapse, hc_post, hc_pre
+from ds4trt.model.hc import hc_collapse, hc_post, hc_post_pre, hc_pre
 from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
 from ds4trt.model.state import LayerCache, LayerRows
@@ -62,6 +62,7 @@ class HyperConnection(nn.Module):
         self.cfg = cfg
         self.reduce = hc_pre             # a backend may set a fused kernel with hc_pre's signature
         self.combine = hc_post           # and with hc_post's
+        self.update_reduce = hc_post_pre     # and with hc_post_pre's
         self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
             _param(w(prefix + "_base.weight"))
 
@@ -71,6 +72,13 @@ class HyperConnection(nn.Module):
 
     def post(self, f, X, post, comb):
         return self.combine(f, X, post, comb)
+
+    def pre_after(self, f, X, post, comb):
+        """The streams updated by the sublayer before (its output f, its connection's post and comb), then this
+        connection's pre of them -> X', y, post', comb'."""
+        c = self.cfg
+        return self.update_reduce(f, X, post, comb, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps,
+                                  c.sinkhorn_iters)
 
 
 class Block(nn.Module):
@@ -90,8 +98,7 @@ class Block(nn.Module):
         """X: [T, S, D] -> [T, S, D], LayerRows (indexer: Attention.forward's)"""
         y, post, comb = self.hc_attn.pre(X)
         a, rows = self.attn(y, start, cache, indexer)
-        X = self.hc_attn.post(a, X, post, comb)
-        y, post, comb = self.hc_ffn.pre(X)
+        X, y, post, comb = self.hc_ffn.pre_after(a, X, post, comb)            # hc_attn.post, then hc_ffn.pre
         return self.hc_ffn.post(self.ffn(y, tokens), X, post, comb), rows
 
 

@@ -35,8 +35,8 @@ def _reg(maxnreg: int | None) -> dict:
 
 
 def moe_prepare(P: int, D: int):
-    return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, ITEM_CAP=16, MIN_PAIRS=M.MULTI_MIN,
-                                 PB=max(16, 1 << (P - 1).bit_length()), D=D, num_warps=4, **LAUNCH)
+    return M._moe_prepare.warmup(I64, I32, I32, P, F32, I32, 16, F32, F32, 10.0, ITEM_CAP=16, MIN_PAIRS=M.MULTI_MIN,
+                                 PB=max(16, 1 << (P - 1).bit_length()), D=D, F=D // 2, num_warps=4, **LAUNCH)
 
 
 def split_runs():
@@ -188,6 +188,13 @@ def hc_dots(S: int, D: int):
     H = hc_triton
     return H._hc_dots.warmup(F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,
                              num_warps=4, **LAUNCH)
+
+
+def hc_post_dots(S: int, D: int):
+    H = hc_triton
+    dc = D // H.SPLITS
+    return H._hc_post_dots.warmup(F32, F32, F32, F32, F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, DC=dc,
+                                  DB=min(dc, H.KB // S), num_warps=4, **LAUNCH)
 
 
 def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):

@@ -6,8 +6,10 @@ products, Sinkhorn mixing, weighted sum) and, for prefill chunks, the streams' u
         model/hc.py hc_pre in two launches, T <= MAX_T.
     hc_pre_long_triton(the same as hc_pre_triton) for any T (prefill chunks): _hc_dots_long, then _hc_combine
     hc_post_triton(f [T, D] f32, X [T, S, D] f32, post [T, S], comb [T, S, S]) -> [T, S, D]
-        model/hc.py hc_post in one pass over X (prefill chunks; eager PyTorch made 9 passes over the streams;
-        compiled steps have Inductor fuse it).
+        model/hc.py hc_post in one pass over X (prefill chunks; eager PyTorch made 9 passes over the streams).
+    hc_post_pre_triton(f, X, post, comb, then hc_pre_triton's fn .. iters) -> X' [T, S, D], y, post', comb'
+        model/hc.py hc_post_pre, T <= MAX_T: the update made by _hc_post_dots, which also computes _hc_dots' partials
+        of X' (a decode step's update was an Inductor kernel of its own before _hc_dots), then _hc_combine.
 
 The mixing (_mix) keeps a token's S x S matrix in registers for all the Sinkhorn iterations (the eager PyTorch
 version is about 2 * iters small kernels, ~40 launches per call).
@@ -91,6 +93,45 @@ def _hc_dots(x_ptr, fn_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr, MP: tl.c
     part = part_ptr + (t * SPLITS + sp) * (MP + 1)
     tl.store(part + j, tl.sum(acc, axis=1))
     tl.store(part + MP, tl.sum(sq, axis=0))
+
+
+@triton.jit
+def _hc_post_dots(f_ptr, x_ptr, post_ptr, comb_ptr, fn_ptr, xo_ptr, part_ptr, S: tl.constexpr, D: tl.constexpr,
+                  MP: tl.constexpr, SPLITS: tl.constexpr, DC: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, split): dims split*DC .. split*DC+DC-1 (DB a step; those past D masked) of every stream of token t
+    updated as hc_post does, X'[t, b, d] = post[t, b] f[t, d] + sum_a comb[t, a, b] X[t, a, d] (its order), stored
+    in xo; and part[t, split] = (those S*DC values' MP dot products with the rows of fn, their sum of squares), as
+    _hc_dots stores for X'. The first step's tile of fn is loaded before the wait for the previous kernel."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    M: tl.constexpr = (2 + S) * S
+    j = tl.arange(0, MP)
+    b = tl.arange(0, S)
+    jm = (j < M)[:, None, None]
+    d = sp * DC + tl.arange(0, DB)
+    col = b[:, None] * D + d[None, :]                                                    # [S, DB] columns of fn
+    w = tl.load(fn_ptr + j[:, None, None] * (S * D) + col[None, :, :], mask=jm & (d < D)[None, None, :],
+                other=0.0)                                                               # [MP, S, DB]
+    pdl_enter(PDL)
+    post = tl.load(post_ptr + t * S + b)[:, None]                                         # [S, 1]
+    acc = tl.zeros([MP, S, DB], tl.float32)
+    sq = tl.zeros([S, DB], tl.float32)
+    for d0 in tl.static_range(0, DC, DB):
+        d = sp * DC + d0 + tl.arange(0, DB)
+        dm = d < D
+        if d0 > 0:
+            col = b[:, None] * D + d[None, :]
+            w = tl.load(fn_ptr + j[:, None, None] * (S * D) + col[None, :, :], mask=jm & dm[None, None, :], other=0.0)
+        out = post * tl.load(f_ptr + t * D + d, mask=dm, other=0.0)[None, :]                        # [S, DB]
+        for a in tl.static_range(S):
+            x = tl.load(x_ptr + (t * S + a) * D + d, mask=dm, other=0.0)                            # [DB]
+            out += tl.load(comb_ptr + (t * S + a) * S + b)[:, None] * x[None, :]
+        tl.store(xo_ptr + (t * S + b[:, None]) * D + d[None, :], out, mask=dm[None, :])
+        sq += out * out
+        acc += w * out[None, :, :]
+    part = part_ptr + (t * SPLITS + sp) * (MP + 1)
+    tl.store(part + j, tl.sum(tl.sum(acc, axis=2), axis=1))
+    tl.store(part + MP, tl.sum(tl.sum(sq, axis=1), axis=0))
 
 
 @triton.jit
@@ -218,6 +259,31 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
     _hc_dots[(T, SPLITS)](X, fn, part, S=S, D=D, MP=MP, SPLITS=SPLITS,
                           KC=triton.cdiv(triton.cdiv(S * D, SPLITS), KB) * KB, KB=KB, num_warps=4, **pdl)
     return _combined(X, part, scale, base, rms_eps, hc_eps, iters, pdl)
+
+
+def hc_post_pre_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                       scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, iters: int):
+    """model/hc.py hc_post_pre (the streams' update by a sublayer's output f, then the next connection's reduction of
+    them) for float32 f [T, D], X [T, S, D], post [T, S], comb [T, S, S], 1 <= T <= MAX_T, in two launches
+    (_hc_post_dots, _hc_combine) -> X' [T, S, D], y [T, D], post' [T, S], comb' [T, S, S]."""
+    T, S, D = X.shape
+    M = (2 + S) * S
+    if not 1 <= T <= MAX_T or S & (S - 1) or f.shape != (T, D) or post.shape != (T, S) or comb.shape != (T, S, S) \
+            or fn.shape != (M, S * D) or not all(a.dtype == torch.float32 for a in (f, X, post, comb, fn)) or iters < 1:
+        raise ValueError(f"hc_post_pre_triton: expected float32 f [T, D], X [T, S, D] (1 <= T <= {MAX_T}, S a power of "
+                         f"two), post [T, S], comb [T, S, S] and fn [{M}, S*D], got f {f.dtype} {list(f.shape)}, X "
+                         f"{X.dtype} {list(X.shape)}, post {list(post.shape)}, comb {list(comb.shape)}, fn {fn.dtype} "
+                         f"{list(fn.shape)}, iters = {iters}")
+    MP = triton.next_power_of_2(M)
+    dc = triton.cdiv(D, SPLITS)
+    db = min(triton.next_power_of_2(dc), KB // S)
+    dc = triton.cdiv(dc, db) * db
+    Xn = torch.empty_like(X)
+    part = torch.empty(T, SPLITS, MP + 1, dtype=torch.float32, device=X.device)
+    pdl = pdl_launch(X.device)
+    _hc_post_dots[(T, SPLITS)](f.contiguous(), X.contiguous(), post.contiguous(), comb.contiguous(), fn.contiguous(),
+                               Xn, part, S=S, D=D, MP=MP, SPLITS=SPLITS, DC=dc, DB=db, num_warps=4, **pdl)
+    return (Xn, *_combined(Xn, part, scale, base, rms_eps, hc_eps, iters, pdl))
 
 
 def _combined(X: torch.Tensor, part: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,

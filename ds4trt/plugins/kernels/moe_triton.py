@@ -14,7 +14,8 @@ synchronization, so a CUDA graph can capture a call:
                    (by expert, then pair index) -> order[s] = pair; cnt[s] = number of pairs (<= CAP) of the
                    item that starts at s (0 where no item starts). An item is up to CAP pairs of one expert
                    that has at least MULTI_MIN pairs in the call, else one pair. When gate or up is IQ2_XXS,
-                   programs 1.. store the activations as integers for its one-pair kernel (_quant_runs).
+                   programs 1.. store the activations as integers for its one-pair kernel (_quant_runs); with
+                   `shared` (one token) the last programs store the shared expert's SwiGLU sh.
   2. gate/up       grid (T*k sorted positions, F / BR row tiles): the program of an item computes, for its
                    BR rows of F and each pair of the item, h[pair] = weight * swiglu(gate_e v_t, up_e v_t).
   3. down          grid (T*k, D / BR): y[pair, rows] = down_e h[pair] for the item's pairs; with `shared` (one
@@ -815,14 +816,22 @@ def _swiglu(g, u, clamp):
 # Kernels
 
 @triton.jit
-def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, ITEM_CAP: tl.constexpr, MIN_PAIRS: tl.constexpr,
-                 PB: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+def _moe_prepare(ids_ptr, order_ptr, cnt_ptr, P, v_ptr, xq_ptr, n_quant, gu_ptr, sh_ptr, clamp,
+                 ITEM_CAP: tl.constexpr, MIN_PAIRS: tl.constexpr, PB: tl.constexpr, D: tl.constexpr,
+                 F: tl.constexpr, PDL: tl.constexpr):
     """Program 0 groups the P (token, slot) pairs by expert into items of up to ITEM_CAP pairs, an expert of fewer
     than MIN_PAIRS pairs into one-pair items (PB >= P a power of two; P = 0: no items, a long call's come from
-    _long_items); program 1 + i quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs)."""
+    _long_items); program 1 + i < 1 + n_quant quantizes block i % (D / 256) of token i // (D / 256) (_quant_runs);
+    program 1 + n_quant + j (a shared expert's, one token) stores sh[j*256 ..] = swiglu of the gate and up products
+    gu [2F] (gate first)."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
-    if pid == 0:
+    if pid > n_quant:
+        f = (pid - 1 - n_quant) * 256 + tl.arange(0, 256)
+        fm = f < F
+        g, u = tl.load(gu_ptr + f, mask=fm, other=0.0), tl.load(gu_ptr + F + f, mask=fm, other=0.0)
+        tl.store(sh_ptr + f, _swiglu(g, u, clamp), mask=fm)
+    elif pid == 0:
         p = tl.arange(0, PB)
         valid = p < P
         e = tl.where(valid, tl.load(ids_ptr + p, mask=valid, other=0).to(tl.int32), 2 ** 30)  # padding sorts last
@@ -1133,12 +1142,14 @@ class MoEWorkspace:
     """Scratch of one moe_forward call shape (T tokens, k slots): allocate once to capture a CUDA graph.
     order, cnt: int32 [T*k] (the items); h: float32 [T*k, F] (with a Q2_K down, a one-pair item's row holds F
     int32 words instead: _quant_h); y: float32 [T*k, D] (shared: [T*k + T, D], the shared expert's rows last);
-    xq: int32 [T, D*7/8] (the activations as _quant_runs stores them, for IQ2_XXS gate/up)."""
+    xq: int32 [T, D*7/8] (the activations as _quant_runs stores them, for IQ2_XXS gate/up); sh: float32 [T, F] (a
+    shared expert's SwiGLU; [0, F] without one)."""
     order: torch.Tensor
     cnt: torch.Tensor
     h: torch.Tensor
     y: torch.Tensor
     xq: torch.Tensor
+    sh: torch.Tensor
 
     @classmethod
     def create(cls, T: int, k: int, D: int, F: int, device, shared: bool = False) -> "MoEWorkspace":
@@ -1146,7 +1157,8 @@ class MoEWorkspace:
         return cls(torch.empty(P, dtype=torch.int32, device=device), torch.empty(P, dtype=torch.int32, device=device),
                    torch.empty(P, F, dtype=torch.float32, device=device),
                    torch.empty(P + (T if shared else 0), D, dtype=torch.float32, device=device),
-                   torch.empty(T, xq_words(D), dtype=torch.int32, device=device))
+                   torch.empty(T, xq_words(D), dtype=torch.int32, device=device),
+                   torch.empty(T if shared else 0, F, dtype=torch.float32, device=device))
 
 
 def _long_items(ids: torch.Tensor, E: int, cap: int, apart: bool = True) -> tuple[torch.Tensor, ...]:
@@ -1198,9 +1210,10 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     long_config: (CAP, rows per program, warps, stages, activation parts) of those of long calls, overriding
     long_launch's
     (benchmark sweeps).
-    shared (T = 1 only): (sh float32 [1, F], quants, scales) of a Q8_0 shared expert whose SwiGLU sh the caller made,
-    its down weight [D, F] as q8_triton.split_q8 arrays: its down product runs in the routed down launch (SHARED_BR),
-    out then holds the routed sum plus it and per_slot returns [1, k + 1, D], the shared expert's output last."""
+    shared (T = 1 only): (gu float32 [1, 2F], quants, scales) of a Q8_0 shared expert: its gate's then its up's
+    products of v, and its down weight [D, F] as q8_triton.split_q8 arrays: its SwiGLU (with `clamp`, as the routed
+    experts') is made in the first launch and its down product runs in the routed down launch (SHARED_BR); out then
+    holds the routed sum plus it and per_slot returns [1, k + 1, D], the shared expert's output last."""
     if v.dim() != 2 or v.dtype != torch.float32:
         raise ValueError(f"moe_forward v: expected float32 [T, D], got {v.dtype} {list(v.shape)}")
     T, D = v.shape
@@ -1236,7 +1249,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     sh = int(shared is not None)
     ws = workspace or MoEWorkspace.create(T, k, D, F, device, shared=bool(sh))
     if ws.h.shape != (P, F) or ws.y.shape != (P + sh, D) or ws.order.shape != (P,) or ws.cnt.shape != (P,) \
-            or ws.xq.shape != (T, xq_words(D)):
+            or ws.xq.shape != (T, xq_words(D)) or ws.sh.shape != (sh * T, F):
         raise ValueError(f"moe_forward workspace: made for another shape (need T*k = {P}, F = {F}, D = {D}"
                          f"{', the shared expert' if sh else ''})")
     if out is not None and per_slot:
@@ -1259,13 +1272,16 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
         order, cnt, singles, multis = _long_items(flat_ids, E, cap, apart)
         n_single, n_multi, s_starts, m_starts = singles.numel(), multis.numel(), singles, multis
         if quant_programs and n_single:     # for the one-pair items, which the padded list always allows for
-            _moe_prepare[(1 + quant_programs,)](ids, order, cnt, 0, v, ws.xq, ITEM_CAP=1, MIN_PAIRS=1, PB=16, D=D,
-                                                num_warps=4, **pdl)
+            _moe_prepare[(1 + quant_programs,)](ids, order, cnt, 0, v, ws.xq, quant_programs, v, v, 0.0, ITEM_CAP=1,
+                                                MIN_PAIRS=1, PB=16, D=D, F=F, num_warps=4, **pdl)
     else:
         pairs_only = T < MULTI_MIN           # item cap 1 (so also when a token lists an expert twice)
-        _moe_prepare[(1 + quant_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, ITEM_CAP=1 if pairs_only else CAP,
-                                            MIN_PAIRS=MULTI_MIN, PB=max(16, triton.next_power_of_2(P)), D=D,
-                                            num_warps=4, **pdl)
+        sh_programs = triton.cdiv(F, 256) if sh else 0               # the shared expert's SwiGLU
+        _moe_prepare[(1 + quant_programs + sh_programs,)](ids, ws.order, ws.cnt, P, v, ws.xq, quant_programs,
+                                                          shared[0] if sh else v, ws.sh if sh else v, float(clamp),
+                                                          ITEM_CAP=1 if pairs_only else CAP, MIN_PAIRS=MULTI_MIN,
+                                                          PB=max(16, triton.next_power_of_2(P)), D=D, F=F,
+                                                          num_warps=4, **pdl)
         order, cnt = ws.order, ws.cnt
         n_single, n_multi, s_starts, m_starts = P, 0 if pairs_only else P, cnt, cnt   # starts: unused
     gu_args = (v, ids, weights, order, cnt)
@@ -1292,7 +1308,7 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                **({"num_stages": mstages} if long else {}))
     if n_single:
         extra = triton.cdiv(D // SHARED_BR, D // dbr) if sh else 0     # the shared expert's row tiles on axis 0
-        sh_args = (*shared[1:], shared[0]) if sh else (down_blocks, down_blocks, ws.y)   # quants, scales, sh
+        sh_args = (*shared[1:], ws.sh) if sh else (down_blocks, down_blocks, ws.y)   # quants, scales, sh
         _moe_down_single[(n_single + extra, D // dbr)](*dn_args, s_starts, *dn_rest, ONE_BITS, *sh_args, n_single,
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
@@ -1314,22 +1330,19 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
 
 
 def _check_shared(shared, T: int, D: int, F: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """moe_forward's `shared` checked -> (sh contiguous and 16-byte aligned, quants, scales)."""
+    """moe_forward's `shared` checked -> (gu contiguous, quants, scales)."""
     if T != 1:
         raise ValueError(f"moe_forward shared: the shared expert's down is computed in calls of one token, got T = {T}")
-    sh, quants, scales = shared
-    if sh.dtype != torch.float32 or tuple(sh.shape) != (1, F) or sh.device != device:
-        raise ValueError(f"moe_forward shared: expected sh float32 [1, {F}] on {device}, got {sh.dtype} "
-                         f"{list(sh.shape)} on {sh.device}")
+    gu, quants, scales = shared
+    if gu.dtype != torch.float32 or tuple(gu.shape) != (1, 2 * F) or gu.device != device:
+        raise ValueError(f"moe_forward shared: expected its gate and up products float32 [1, {2 * F}] on {device}, "
+                         f"got {gu.dtype} {list(gu.shape)} on {gu.device}")
     if quants.dtype != torch.uint8 or scales.dtype != torch.float16 or tuple(quants.shape) != (D, padded(F)) \
             or tuple(scales.shape) != (D, padded(F) // 32) or not quants.is_contiguous() \
             or not scales.is_contiguous() or quants.device != device or scales.device != device:
         raise ValueError(f"moe_forward shared: expected contiguous split_q8 arrays of the down [{D}, {F}] on {device}, "
                          f"got quants {quants.dtype} {list(quants.shape)}, scales {scales.dtype} {list(scales.shape)}")
-    sh = sh.contiguous()
-    if sh.data_ptr() % 16:                  # q8_tile reads x by 16-byte loads
-        sh = sh.clone()
-    return sh, quants, scales
+    return gu.contiguous(), quants, scales
 
 
 def dequant_rows_triton(blocks: torch.Tensor, ggml_type: int, br: int = 16) -> torch.Tensor:

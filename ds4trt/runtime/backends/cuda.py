@@ -6,13 +6,14 @@ the Triton kernels (plugins/kernels), and each step replayed from CUDA graphs.
 
 Weights: Q8_0 projections -> Q8Linear (q8_matmul, on the blocks rearranged by q8_triton.split_q8: the same
 bytes), routed experts -> CudaExperts (moe_forward on IQ2_XXS / Q2_K / Q4_K blocks; in one-token steps the shared
-expert's down product runs inside their down launch, ExpertsAndShared), the F16 matrices of the router,
+expert's SwiGLU and down product run inside their launches, ExpertsAndShared), the F16 matrices of the router,
 compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensors (norms, HC, embedding) as float32.
 Prefill chunks (more rows than the kernels take) multiply on the float16 tensor cores (project_f16, ~3e-4
 relative): a Q8_0 weight made float16 one at a time by one kernel from its blocks (q8_triton.dequant_f16, 3 bytes
 of traffic per weight value, no float32 copy), an F16 one as it is.
 The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-two kernels (hc_triton.hc_pre_triton) in decode and verify steps, their attention and its output's inverse RoPE as
+two kernels (hc_triton.hc_pre_triton) in decode and verify steps, and after the attention with its update of the
+streams in the first (hc_post_pre_triton); their attention and its output's inverse RoPE as
 two (attn_triton), the indexer's scores as one (index_triton); in every step the raw KV row and each compressor's rows
 (rows_triton), the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
 PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
@@ -50,7 +51,7 @@ from ds4trt.gguf_io import names as N
 from ds4trt.model.attention import Attention, Compressor, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
-from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route, swiglu
+from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
 from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
@@ -108,15 +109,16 @@ def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, 
 @torch.library.custom_op("ds4trt::moe_with_shared", mutates_args=())
 def moe_with_shared_op(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_blocks: torch.Tensor,
                        up_blocks: torch.Tensor, down_blocks: torch.Tensor, gate_type: int, up_type: int, down_type: int,
-                       clamp: float, sh: torch.Tensor, down_quants: torch.Tensor,
+                       clamp: float, gu: torch.Tensor, down_quants: torch.Tensor,
                        down_scales: torch.Tensor) -> torch.Tensor:
-    """-> [1, k + 1, D]: each slot's weighted expert output, then the shared expert's down of sh (ExpertsAndShared)"""
+    """-> [1, k + 1, D]: each slot's weighted expert output, then the shared expert's (gu: its gate's and up's products
+    of v, ExpertsAndShared)"""
     return moe_triton.moe_forward(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type,
-                                  down_type, clamp, per_slot=True, shared=(sh, down_quants, down_scales))
+                                  down_type, clamp, per_slot=True, shared=(gu, down_quants, down_scales))
 
 
 @moe_with_shared_op.register_fake
-def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp, sh, down_quants,
+def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, down_type, clamp, gu, down_quants,
       down_scales):
     return v.new_empty(v.shape[0], ids.shape[1] + 1, v.shape[1])
 
@@ -131,6 +133,19 @@ def hc_pre_op(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torc
 def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
     T, S, D = X.shape
     return X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
+
+
+@torch.library.custom_op("ds4trt::hc_post_pre", mutates_args=())
+def hc_post_pre_op(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                   scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float,
+                   sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_post_pre_triton(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@hc_post_pre_op.register_fake
+def _(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+    T, S, D = X.shape
+    return X.new_empty(T, S, D), X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
 
 
 @torch.library.custom_op("ds4trt::attend", mutates_args=())
@@ -306,6 +321,15 @@ def hc_combine(f, X, post, comb):
     return hc_triton.hc_post_triton(f, X, post, comb)
 
 
+def hc_update_reduce(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """model/hc.py hc_post_pre on this backend: two kernels for steps of up to hc_triton.MAX_T tokens (the update
+    and the reduction's products in one), else hc_combine then hc_reduce (prefill chunks)."""
+    if X.shape[0] <= hc_triton.MAX_T:
+        return hc_post_pre_op(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    X = hc_combine(f, X, post, comb)
+    return (X, *hc_reduce(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters))
+
+
 class Q8Linear(nn.Module):
     """x @ W.T with W kept as Q8_0 values (model/linear.py's contract, groups included): the GGUF blocks split
     into quants uint8 [N, K] and scales f16 [N, K/32] (q8_triton.split_q8: the same bytes)."""
@@ -478,30 +502,32 @@ class CudaExperts(GGUFExperts):
 
 class ExpertsAndShared:
     """model/transformer.py FeedForward.both_experts on this backend, for a Q8_0 shared expert: in one-token steps
-    (decode, draft) the shared expert's down product runs inside the routed experts' down launch (moe_triton
-    SHARED_BR: one Q8_0 launch fewer per layer), its gate and up as LinearGroup's one launch and the SwiGLU in the
-    glue as before; longer steps compute the two apart (FeedForward.routed_plus_shared)."""
+    (decode, draft) its gate and up run as one Q8_0 launch (LinearGroup's arrays), its SwiGLU in the routed experts'
+    first launch and its down product inside their down launch (moe_triton's `shared`: a launch and a glue kernel
+    fewer per layer); longer steps compute the two apart (FeedForward.routed_plus_shared)."""
 
     def __init__(self, ffn: FeedForward):
-        self.experts, self.gate, self.up, self.down, self.group = ffn.experts, ffn.sh_gate, ffn.sh_up, ffn.sh_down, \
-            ffn.group
+        self.experts, self.down = ffn.experts, ffn.sh_down
+        (_, _, self.gate_up, _), = ffn.group.fused              # the gate's and the up's Q8_0 arrays, concatenated
+        self.K = ffn.sh_gate.K
         self.apart = ffn.routed_plus_shared
-        self.clamp = ffn.cfg.swiglu_clamp
 
     @staticmethod
     def applies(ffn: FeedForward) -> bool:
-        """Routed experts on this backend's kernels, and a Q8_0 shared expert of their width and clamp."""
+        """Routed experts on this backend's kernels, and a Q8_0 shared expert of their width and clamp whose gate and
+        up LinearGroup computes in one launch."""
         return isinstance(ffn.experts, CudaExperts) and isinstance(ffn.sh_down, Q8Linear) \
             and ffn.sh_down.groups == 1 and ffn.sh_down.K == ffn.experts.gate_blocks.shape[1] \
-            and ffn.experts.clamp == ffn.cfg.swiglu_clamp
+            and ffn.experts.clamp == ffn.cfg.swiglu_clamp and isinstance(ffn.group, LinearGroup) \
+            and [(kernel, members) for kernel, members, _, _ in ffn.group.fused] == [("q8", [0, 1])]
 
     def __call__(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
         if v.shape[0] != 1:
             return self.apart(v, ids, weights)
-        sh = swiglu(*self.group(v, self.gate, self.up), self.clamp)                  # [1, F]
+        gu = q8_matmul_op(v, *self.gate_up, self.K, 1)                          # [1, 2F]: the gate's, then the up's
         e = self.experts
-        y = moe_with_shared_op(v, ids, weights, e.gate_blocks, e.up_blocks, e.down_blocks, *e.types, e.clamp, sh,
+        y = moe_with_shared_op(v, ids, weights, e.gate_blocks, e.up_blocks, e.down_blocks, *e.types, e.clamp, gu,
                                self.down.quants, self.down.scales)
         return y.sum(dim=1)                                                         # [1, k + 1, D] -> [1, D]
 
@@ -514,13 +540,14 @@ def to_device(model: nn.Module, device) -> nn.Module:
     kv_row_op, compress_emit_op, head_norm_rope_kernel, qat_kernel) and a prefill chunk's attention, indexer scores and
     stream update (attend_kernel, attend_top_kernel, index_score_kernel, hc_combine); the projections of one input
     become one launch per weight type (LinearGroup: attention's q_a + kv and compressor / indexer F16 matrices, the
-    shared expert's gate + up), and in one-token steps the shared expert's down product joins the routed experts'
-    down launch (ExpertsAndShared)."""
+    shared expert's gate + up), and in one-token steps the shared expert's SwiGLU and down product join the routed
+    experts' launches (ExpertsAndShared)."""
     model.to(device)
     for m in model.modules():
         if isinstance(m, HyperConnection):
             m.reduce = hc_reduce
             m.combine = hc_combine
+            m.update_reduce = hc_update_reduce
         if isinstance(m, Attention):
             m.attend = attend_kernel
             m.attend_top = attend_top_kernel
