@@ -11,19 +11,18 @@ For each launch shape (default: each kernel's current SINGLE_CONFIG / rows_confi
 kernels of the q2 and q4 mixes and the Q8_0 and F16 kernels at Flash widths (for T = 1, or the --q8-t row counts),
 attention's join (_attend_join), the indexer's scores and top-k (at 8 warps, or the --topk-warps), the two
 hyper-connection kernels of hc_pre_triton and hc_post_pre_triton's first, _hc_post_dots (--long: also the prefill
-chunks' multi-pair MoE kernels, at
-LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the prefill attention's two kernels,
-_attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at TOP_CONFIG or the --top-config
-launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at q8_mma.CONFIG or the --q8-mma launches:
-its "loop" is one span of 256 values of each of the warp's rows, its shared memory that of MAX_SPANS spans; with
---long also the long calls' tensor-core MoE kernels of moe_mma.cu at moe_mma.WARPS or the --moe-mma launches (the
-wgmma ones, `_wg`, for sm_90a where NVRTC builds it, at WG_MIN_BLOCKS or the launch's MINB):
-gate/up's "loop" is half a block (128 values) of a warp's 16 rows of one matrix, or of both when fused; down's a
-half block of the main term), and prints registers
-per thread, spills, shared memory, the instruction count of the whole kernel and of its longest loop body (one step:
-e.g. one 256-value block of every row the program serves) and the instruction mix of the SASS (FFMA, global / shared
-loads, barriers, shuffles). --dump writes each kernel's TTGIR (its layouts: which tile dims go to lanes, warps and
-registers) and SASS to DIR. Counts are static (the loops are not multiplied out); compare variants of one kernel.
+chunks' multi-pair MoE kernels, at LONG_CONFIGS or the --long-config launches, and the Q8_0 float16 dequantization; the
+prefill attention's two kernels, _attend_long at LONG_CONFIG or the --attend-config launches and _attend_top at
+TOP_CONFIG or the --top-config launches; the tensor-core Q8_0 kernel q8_mma, CUDA C++ compiled by NVRTC, at
+q8_mma.CONFIG or the --q8-mma launches: its "loop" is one span of 256 values of each of the warp's rows, its shared
+memory that of MAX_SPANS spans; with --long also the long calls' tensor-core MoE kernels of moe_mma.cu at moe_mma.WARPS
+or the --moe-mma launches (the wgmma ones, `_wg`, for sm_90a where NVRTC builds it, at WG_MIN_BLOCKS or the launch's
+MINB): gate/up's "loop" is half a block (128 values) of a warp's 16 rows of one matrix, or of both when fused; down's a
+half block of the main term), and prints registers per thread, spills, shared memory, the instruction count of the whole
+kernel and of its longest loop body (one step: e.g. one 256-value block of every row the program serves) and the
+instruction mix of the SASS (FFMA, global / shared loads, barriers, shuffles). --dump writes each kernel's TTGIR (its
+layouts: which tile dims go to lanes, warps and registers) and SASS to DIR. Counts are static (the loops are not
+multiplied out); compare variants of one kernel.
 Needs triton (the CPU wheel is enough); runs with TRITON_INTERPRET unset.
 """
 

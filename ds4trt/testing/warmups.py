@@ -192,9 +192,9 @@ def hc_dots(S: int, D: int):
 
 def hc_post_dots(S: int, D: int):
     H = hc_triton
-    dc = D // H.SPLITS
-    return H._hc_post_dots.warmup(F32, F32, F32, F32, F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, DC=dc,
-                                  DB=min(dc, H.KB // S), num_warps=4, **LAUNCH)
+    dc, db = H.post_dots_shape(S, D)
+    return H._hc_post_dots.warmup(F32, F32, F32, F32, F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, DC=dc, DB=db,
+                                  num_warps=4, **LAUNCH)
 
 
 def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):

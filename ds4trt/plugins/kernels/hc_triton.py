@@ -261,6 +261,14 @@ def hc_pre_triton(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: 
     return _combined(X, part, scale, base, rms_eps, hc_eps, iters, pdl)
 
 
+def post_dots_shape(S: int, D: int) -> tuple[int, int]:
+    """_hc_post_dots' (DC, DB) for S streams of D dims: each of the SPLITS programs of a token takes DC dims of every
+    stream (D / SPLITS rounded up to whole steps), DB a step (a power of two, S * DB <= KB values)."""
+    dc = triton.cdiv(D, SPLITS)
+    db = min(triton.next_power_of_2(dc), KB // S)
+    return triton.cdiv(dc, db) * db, db
+
+
 def hc_post_pre_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
                        scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, iters: int):
     """model/hc.py hc_post_pre (the streams' update by a sublayer's output f, then the next connection's reduction of
@@ -275,9 +283,7 @@ def hc_post_pre_triton(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, com
                          f"{X.dtype} {list(X.shape)}, post {list(post.shape)}, comb {list(comb.shape)}, fn {fn.dtype} "
                          f"{list(fn.shape)}, iters = {iters}")
     MP = triton.next_power_of_2(M)
-    dc = triton.cdiv(D, SPLITS)
-    db = min(triton.next_power_of_2(dc), KB // S)
-    dc = triton.cdiv(dc, db) * db
+    dc, db = post_dots_shape(S, D)
     Xn = torch.empty_like(X)
     part = torch.empty(T, SPLITS, MP + 1, dtype=torch.float32, device=X.device)
     pdl = pdl_launch(X.device)
