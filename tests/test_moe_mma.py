@@ -6,7 +6,8 @@ NVRTC loads, CI included; the products on "emu", the CPU stand-in of tests/cuda_
 code), at small shapes, and on "cuda", a GPU, at Flash's widths too. Fresh random IQ2_XXS experts (the q2 mix's gate
 and up), x ~ 3 N(0, 1), items made by moe_triton._long_items from random routing; h NaN-poisoned, and the rows of
 pairs outside multi-pair items must stay NaN. Bound: TOL_F16 (1e-3 of the largest |reference|; the gate/up, whose x
-and values are each rounded to float16, leaves ~5e-4, the down, with exact values and one float16 part of h, ~2.5e-4).
+and values are each rounded to float16, leaves ~5e-4, as does the wgmma down; the mma.sync down, with exact values and
+one float16 part of h, ~2.5e-4).
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def _check(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
 
 
 def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=False):
-    """One long call's multi-pair items through down_q2k (wg: its wgmma kernel) against float64 down_e h[pair], h ~
+    """One long call's multi-pair items through down_q2k (wg: down_q2k_wg) against float64 down_e h[pair], h ~
     N(0, 1) per pair with a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts
-    matter)."""
+    matter to down_q2k, and the wgmma kernel's values carry the min term, most of which the rest cancels)."""
     v, ids, _, (_, _, down) = _inputs(T, E, F, D, k, seed, skew)
     rng = np.random.default_rng(seed + 1)
     hv = rng.standard_normal((T * k, F)).astype(np.float32)
@@ -128,13 +129,16 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=Fal
     hv[3::7] *= 1e-4
     hv[1::5] += 30                                  # a large mean: the min term cancels most of the main one
     flat, order, cnt, multis, pairs = _items(ids, E, cap, apart)
-    hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
-    if wg:
-        hh = _permuted(hh, moe_triton.down_wgmma_position)
     dev = functools.partial(_dev, device=device)
     y = torch.full((T * k, D), float("nan"), device=device)
-    moe_mma.down_q2k(dev(hh), dev(hsh), dev(hsl), dev(hinv), dev(flat), dev(order), dev(cnt), dev(multis),
-                     dev(down), y, cap, wg)
+    if wg:                                          # h as x_f16's rows in the down order
+        hh, hs = _rows_f16(torch.from_numpy(hv))
+        moe_mma.down_q2k_wg(dev(_permuted(hh, moe_triton.down_wgmma_position)), dev(hs), dev(flat), dev(order),
+                            dev(cnt), dev(multis), dev(down), y, cap)
+    else:
+        hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))
+        moe_mma.down_q2k(dev(hh), dev(hsh), dev(hsl), dev(hinv), dev(flat), dev(order), dev(cnt), dev(multis),
+                         dev(down), y, cap)
     y = y.cpu().double()
     _only_pairs_written(y, pairs)
     p = pairs.numpy()
@@ -195,8 +199,8 @@ def test_gateup_iq2_wgmma_full_items(kernel_device, cap, warps, monkeypatch):
 @pytest.mark.parametrize("warps", [None, 4], ids=["WARPS", "4 warps"])
 @pytest.mark.parametrize("cap", [32, 64])
 def test_down_q2k_wgmma(kernel_device, cap, warps, monkeypatch):
-    """The wgmma down (moe_down_q2k_wg, h in split_runs' wgmma order) on test_down_q2k_small's and
-    test_down_q2k_full_items' calls; also at one warpgroup a program (two run-sum copies a thread at CAP 64)."""
+    """The wgmma down (moe_down_q2k_wg, h as x_f16's rows in the down order) on test_down_q2k_small's and
+    test_down_q2k_full_items' calls; also at one warpgroup a program."""
     _wgmma_device(kernel_device)
     if warps:
         monkeypatch.setitem(moe_mma.WARPS, cap, warps)

@@ -1313,9 +1313,11 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
-    if n_multi and mma_down:
-        hh, _, hsh, hsl, hinv = split_runs(ws.h, wg)
-        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap, wg)
+    if n_multi and mma_down and wg:
+        moe_mma.down_q2k_wg(*x_f16(ws.h, down_order=True), flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
+    elif n_multi and mma_down:
+        hh, _, hsh, hsl, hinv = split_runs(ws.h)
+        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
     elif n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,
