@@ -278,9 +278,9 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
     """moe_forward's long q2 call with DS4_MOE_MMA=1 (its multi-pair gate/up and down here) against the
     float64 contract, as test_kernels.test_moe_long_calls: 40 tokens on experts 0..6 (~17 pairs each) and token 0
     alone on expert 7 (a one-pair item: to the one-pair Triton kernels, or with `together`, SINGLES_IN_ITEMS_FROM
-    lowered to 1, to moe_mma's); wg: the gate/up on wgmma (DS4_MOE_WGMMA=1; an H100 / H200 only, since use_wgmma
-    asks for compute capability 9.0). Without a GPU: the Triton kernels in Triton's interpreter, moe_mma's on the CPU
-    stand-in."""
+    lowered to 1, to moe_mma's); wg: the gate/up and the down (down_q2k_wg) on wgmma (DS4_MOE_WGMMA=1; an H100 / H200
+    only, since use_wgmma asks for compute capability 9.0). Without a GPU: the Triton kernels in Triton's
+    interpreter, moe_mma's on the CPU stand-in."""
     from ds4trt.plugins.kernels import moe_triton
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
 
@@ -288,9 +288,8 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
         if not (GPU and torch.cuda.get_device_capability() == (9, 0)):
             pytest.skip("wgmma needs a GPU of compute capability 9.0 (H100 / H200)")
         monkeypatch.setenv("DS4_MOE_WGMMA", "1")
-        for name in ("gateup_iq2", "down_q2k"):
-            monkeypatch.setattr(moe_mma, name, lambda *a, f=getattr(moe_mma, name): f(*a) if a[-1] is True
-                                else pytest.fail("not on wgmma"))
+        monkeypatch.setattr(moe_mma, "gateup_iq2", lambda *a, f=moe_mma.gateup_iq2: f(*a) if a[-1] is True
+                            else pytest.fail("gate/up not on wgmma"))
     if together:
         monkeypatch.setattr(moe_triton, "SINGLES_IN_ITEMS_FROM", 1)
         monkeypatch.setattr(moe_triton, "_moe_gateup_single", None)       # must not launch
@@ -300,7 +299,8 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
         monkeypatch.setattr(cuda_launch, "runs_on", lambda device: True)
     monkeypatch.setenv("DS4_MOE_MMA", "1")
     calls = []
-    for name in ("gateup_iq2", "down_q2k"):
+    downs = ("down_q2k_wg", "down_q2k") if wg else ("down_q2k",)      # on wgmma the down must be down_q2k_wg
+    for name in ("gateup_iq2",) + downs:
         fn = getattr(moe_mma, name)
         monkeypatch.setattr(moe_mma, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
     types = (IQ2_XXS, IQ2_XXS, 10)
@@ -311,7 +311,7 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
     ids[0, 0] = 7
     dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
     got = _run_moe(*dev[:3], dev[3:], types, long_config=(cap, 32, 4, 1, 1))
-    assert calls == ["gateup_iq2", "down_q2k"]
+    assert calls == ["gateup_iq2", downs[0]]
     assert _rel(got, _moe_ref64(*dev[:3], _deq_experts(blocks, types, range(8)), CLAMP)) <= TOL_F16
 
 
