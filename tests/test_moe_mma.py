@@ -284,10 +284,10 @@ def test_moe_forward_long_call_with_ds4_moe_mma(monkeypatch, cap, together, wg):
     from ds4trt.plugins.kernels import moe_triton
     from test_kernels import _deq_experts, _moe_ref64, _run_moe, _small_case
 
+    monkeypatch.setenv("DS4_MOE_WGMMA", "1" if wg else "0")      # on an H100 / H200 unset means wgmma
     if wg:
         if not (GPU and torch.cuda.get_device_capability() == (9, 0)):
             pytest.skip("wgmma needs a GPU of compute capability 9.0 (H100 / H200)")
-        monkeypatch.setenv("DS4_MOE_WGMMA", "1")
         monkeypatch.setattr(moe_mma, "gateup_iq2", lambda *a, f=moe_mma.gateup_iq2: f(*a) if a[-1] is True
                             else pytest.fail("gate/up not on wgmma"))
     if together:
