@@ -82,13 +82,6 @@ def test_split_runs_splits_each_chunk_exactly_enough():
     back16 = (shi.double() + slo.double()).reshape(R, K // 256, 16)
     assert ((back16 - runs).abs() <= amax * scale * 2.0 ** -18).all()
     assert (hi[2, 256:512] == 0).all() and (lo[2, 256:512] == 0).all()
-    where = moe_triton.down_wgmma_position(torch.arange(256))       # wgmma order: each chunk's values permuted
-    got = [a.cpu() for a in moe_triton.split_runs(x.to(DEVICE), wgmma_order=True)]
-    assert sorted(where.tolist()) == list(range(256))
-    for plain, perm in zip((hi, lo), got[:2]):
-        assert torch.equal(perm.view(R, K // 256, 256)[:, :, where], plain.view(R, K // 256, 256))
-    assert torch.equal(got[4], inv)             # the run sums (their own reduction order): as exact as the plain ones
-    assert ((got[2].double() + got[3].double()).reshape(R, K // 256, 16) - runs).abs().le(amax * scale * 2.0 ** -18).all()
 
 
 @needs_triton
@@ -204,7 +197,10 @@ def test_dequant_f16_equals_torch(K):
 def test_x_f16_equals_torch():
     """q8_triton.x_f16 (the input operand of long prefill chunks' products) bit for bit torch's float16 rounding of
     each row over its power-of-two scale s, with max |x| / s in [1/2, 1): fresh random rows of magnitudes 1e-30 ..
-    1e30 (float16's range is 6e-8 .. 65504), a row of zeros, row and input counts past a whole program and step."""
+    1e30 (float16's range is 6e-8 .. 65504), a row of zeros, row and input counts past a whole program and step;
+    each wgmma order a permutation of each 256-value chunk."""
+    from ds4trt.plugins.kernels import moe_triton
+
     g = torch.Generator().manual_seed(41)
     for T, GK in ((1, 64), (37, 300)):
         x = torch.randn(T, GK, generator=g) * torch.logspace(-30, 30, T)[:, None]
@@ -217,12 +213,14 @@ def test_x_f16_equals_torch():
         assert ((ratio[live] >= 0.5) & (ratio[live] < 1)).all() and s[T // 2] == 2.0 ** -126
         want = (x / s[:, None]).to(torch.float16)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"T = {T}, GK = {GK}: values differ"
-    x = torch.randn(19, 512, generator=g)                      # wgmma order: each chunk's values permuted
+    x = torch.randn(19, 512, generator=g)                      # wgmma orders: each chunk's values permuted
     plain, s = q8_triton.x_f16(x.to(DEVICE))
-    got, s_wg = q8_triton.x_f16(x.to(DEVICE), wgmma_order=True)
-    where = q8_triton.wgmma_position(torch.arange(256))
-    assert sorted(where.tolist()) == list(range(256)) and torch.equal(s_wg, s)
-    assert torch.equal(got.cpu().view(19, 2, 256)[:, :, where], plain.cpu().view(19, 2, 256))
+    for position, order in ((q8_triton.wgmma_position, {"wgmma_order": True}),
+                            (moe_triton.down_wgmma_position, {"down_order": True})):   # the gate/up's, the down's
+        got, s_wg = q8_triton.x_f16(x.to(DEVICE), **order)
+        where = position(torch.arange(256))
+        assert sorted(where.tolist()) == list(range(256)) and torch.equal(s_wg, s)
+        assert torch.equal(got.cpu().view(19, 2, 256)[:, :, where], plain.cpu().view(19, 2, 256)), order
 
 
 @kernels

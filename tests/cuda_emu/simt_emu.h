@@ -8,8 +8,8 @@
 // program so that reading what no thread wrote shows), and the PTX helpers of ptx_ops.cuh, defined here from the PTX
 // ISA's descriptions:
 //   prmt.b32 (default mode)      bytes {b, a} indexed by the selector's nibbles, bit 3 replicating the sign bit
-//   sub / mul.rn.f16x2, cvt.rn.f16.f32   exact result rounded once to float16, to nearest even (overflow to
-//                                  infinity); cp.async: the copy made at the wait for its group
+//   add / sub / mul / fma.rn.f16x2, cvt.rn.f16.f32   exact result rounded once to float16, to nearest even
+//                                  (overflow to infinity); cp.async: the copy made at the wait for its group
 //   mma.m16n8k16.row.col f32.f16   the fragment layouts of PTX ISA 9.7.14.5.8 (groupID = lane >> 2, t = lane % 4):
 //                                  A a_i row g (+8 for i = 2, 3, 6, 7), col 2t + (i & 1) (+8 for i >= 4);
 //                                  B b_i row 2t + (i & 1) (+8 for i >= 2), col g; C / D c_i row g (+8 for i >= 2),
@@ -257,6 +257,19 @@ inline u32 sub_f16x2(u32 a, u32 b) {
 inline u32 mul_f16x2(u32 a, u32 b) {
     const u16 lo = emu::f16_bits(emu::f16_value((u16)a) * emu::f16_value((u16)b));
     const u16 hi = emu::f16_bits(emu::f16_value((u16)(a >> 16)) * emu::f16_value((u16)(b >> 16)));
+    return lo | ((u32)hi << 16);
+}
+
+inline u32 add_f16x2(u32 a, u32 b) {
+    const u16 lo = emu::f16_bits(emu::f16_value((u16)a) + emu::f16_value((u16)b));
+    const u16 hi = emu::f16_bits(emu::f16_value((u16)(a >> 16)) + emu::f16_value((u16)(b >> 16)));
+    return lo | ((u32)hi << 16);
+}
+
+inline u32 fma_f16x2(u32 a, u32 b, u32 c) {        // a * b + c in double (exact unless 2^30 apart), rounded once
+    const u16 lo = emu::f16_bits(emu::f16_value((u16)a) * emu::f16_value((u16)b) + emu::f16_value((u16)c));
+    const u16 hi = emu::f16_bits(emu::f16_value((u16)(a >> 16)) * emu::f16_value((u16)(b >> 16))
+                                 + emu::f16_value((u16)(c >> 16)));
     return lo | ((u32)hi << 16);
 }
 

@@ -647,16 +647,19 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 
 #if WG
 // ---------------------------------------------------------------------------------------------------------------------
-// moe_down_q2k_wg: the down on wgmma (sm_90a; built with WG=1), as moe_down_q2k: per block the min term (m of the 16
-// runs against the run sums' hi and lo parts: two k16 products), scaled into acc with dmin and the block's inv, then
-// the main term (sc * q against h's hi parts: 16 k steps) in the same accumulators, scaled with d, as above.
-// A the same per-warp float16 fragments as moe_down_q2k's, B tiles in shared memory read by the tensor cores (the
-// layout of moe_gateup_iq2_wg: core matrices of 8 tokens x 16 bytes, token group after K half).
+// moe_down_q2k_wg: the down on wgmma (sm_90a; built with WG=1). Here the tensor cores get each value whole, as the
+// gate/up's: float16 (q * float16(d sc) - float16(dmin m)) (one packed FMA per two values after the run's two packed
+// products), against h as q8_triton.x_f16's rows (float16 of h / s, s a power of two per pair), so the accumulators
+// run over all blocks: no min-term products, no per-block partial sums to scale (moe_down_q2k's scheme took two
+// drains of the tensor cores a block and twice the accumulators). s is applied at the end. Each value is rounded
+// three times (d sc, dmin m, the FMA: ~2^-11 of the larger term each), as the gate/up's twice: ~5e-4 normwise.
+// A the per-warp float16 fragments of moe_down_q2k's k steps (run 8 n + 2 j + hw of the block: lane t's 4 values of
+// qs word (n, t + 4 hw) at shift 2 j, rows g and g + 8), B tiles in shared memory read by the tensor cores (the layout
+// of moe_gateup_iq2_wg: core matrices of 8 tokens x 16 bytes, token group after K half).
 //
-// h's hi parts come in split_runs' wgmma order (moe_triton.down_wgmma_position): in each 256-value chunk, position
-// 16 ks + 8 kc + 2 t + b holds value 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, k step ks = 8 n + 2 j + hw: the K half
-// kc of lane t's 4 values of step (n, j, hw) above. The run sums need no permutation: k slot c of the min term's
-// product is run c (a0 / a1 runs 2t, 2t + 1, a2 / a3 runs 2t + 8, 2t + 9), so a token's 16 sums are its row.
+// h comes in x_f16's down order (q8_triton.x_f16(..., down_order=True), moe_triton.down_wgmma_position): in each
+// 256-value chunk, position 16 ks + 8 kc + 2 t + b holds value 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, k step ks =
+// 8 n + 2 j + hw: the K half kc of lane t's 4 values of step (n, j, hw) above.
 
 // The down's weights of a k block in shared memory, copied with h's chunk by the same cp.async group (stage), so that
 // the products read no global memory: the program's row r (the thread's: r = tid % ROWS, its block at global offset
@@ -677,20 +680,41 @@ __device__ __forceinline__ void stage_rows(unsigned char* wb, const unsigned cha
                      min(16, (int)(start + Q2K_BYTES - base) - 16 * u));
 }
 
+// the A fragment of k step (n, j, hw) with the run's scale and min in the values, of qs words qg (row g), q8 (row
+// g + 8) at shift j and the run's scale byte in sg / s8 (byte 2 (j % 2) + hw), each row's d and -dmin as packed pairs
+// (dg, mg; d8, m8): float16((sc q) d + hi) + lo, where sc q is exact, the FMA rounds once, and hi + lo = -dmin m
+// exactly (m dmin has at most 15 significant bits: hi its float16 rounding, lo the rest, exact by a second FMA), so
+// each value is off by two roundings of itself (~2^-11), not of its terms (which cancel where q m dmin ~ d sc q)
+__device__ __forceinline__ void q2k_value_pair(u32 wq, u32 sel, u32 sc, u32 d, u32 hi, u32 lo, u32& a0, u32& a2) {
+    a0 = add_f16x2(fma_f16x2(mul_f16x2(byte_pair_f16(wq, 0x4140u), sc), d, hi), lo);
+    a2 = add_f16x2(fma_f16x2(mul_f16x2(byte_pair_f16(wq, 0x4342u), sc), d, hi), lo);
+}
+
+__device__ __forceinline__ void q2k_value_fragment(u32 qg, u32 q8, u32 sg, u32 s8, u32 dg, u32 mg, u32 d8, u32 m8,
+                                                   int j, int hw, u32 (&a)[4]) {
+    const u32 b = 2 * (j & 1) + hw;
+    const u32 sel = 0x4040u | b | (b << 8);                     // the run's byte, twice
+    const u32 mm_g = byte_pair_f16((sg >> 4) & 0x0f0f0f0fu, sel), mm_8 = byte_pair_f16((s8 >> 4) & 0x0f0f0f0fu, sel);
+    const u32 hi_g = mul_f16x2(mm_g, mg), hi_8 = mul_f16x2(mm_8, m8);
+    const u32 lo_g = fma_f16x2(mm_g, mg, hi_g ^ 0x80008000u), lo_8 = fma_f16x2(mm_8, m8, hi_8 ^ 0x80008000u);
+    q2k_value_pair((qg >> (2 * j)) & 0x03030303u, sel, byte_pair_f16(sg & 0x0f0f0f0fu, sel), dg, hi_g, lo_g, a[0],
+                   a[2]);
+    q2k_value_pair((q8 >> (2 * j)) & 0x03030303u, sel, byte_pair_f16(s8 & 0x0f0f0f0fu, sel), d8, hi_8, lo_8, a[1],
+                   a[3]);
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
-moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16* __restrict__ hsl,
-                const float* __restrict__ hinv, const long long* __restrict__ ids, const int* __restrict__ order,
-                const int* __restrict__ cnt, const int* __restrict__ starts, const unsigned char* __restrict__ down,
-                float* __restrict__ y, int D, int F) {
-    // as moe_down_q2k's, hh in split_runs' wgmma order
+moe_down_q2k_wg(const u16* __restrict__ hh, const float* __restrict__ hscale, const long long* __restrict__ ids,
+                const int* __restrict__ order, const int* __restrict__ cnt, const int* __restrict__ starts,
+                const unsigned char* __restrict__ down, float* __restrict__ y, int D, int F) {
+    // hh float16 [P, F] (x_f16's rows of h, down order), hscale float32 [P] their s; ids int64 [P] pair -> expert;
+    // down [E, D, F / 256 * 84] Q2_K; y [P, D] float32
     pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* xs = smem;                                   // [2][XS_CHUNK]: two chunks of h
-    unsigned char* ss = smem + 2 * XS_CHUNK;                    // [2][2 XS_STEP]: their run sums, the hi and the lo
-                                                                // tile laid out as two k steps (wg_unit's u = 0..3)
-    unsigned char* ws = ss + 4 * XS_STEP;                       // [2][ROWS * Q2K_SLOT]: their blocks of the rows
+    unsigned char* ws = xs + 2 * XS_CHUNK;                      // [2][ROWS * Q2K_SLOT]: their blocks of the rows
     long long* prow = (long long*)(ws + 2 * ROWS * Q2K_SLOT);   // [CAP] each slot's pair
-    float* inv = (float*)(prow + CAP);                          // [2][CAP]
+    float* sslot = (float*)(prow + CAP);                        // [CAP] each slot's s
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int item = starts[blockIdx.x], n = cnt[item], nsb = F / 256;
@@ -702,52 +726,28 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
     const long long og = (e * D + row0 + g) * row_bytes, o8 = og + 8 * row_bytes;
     const long long ostage = (e * D + blockIdx.y * ROWS + tid % ROWS) * row_bytes;      // the row this thread stages
 
-    for (int s = tid; s < CAP; s += WARPS * 32)
+    for (int s = tid; s < CAP; s += WARPS * 32) {
         prow[s] = s < n ? (long long)order[item + s] : 0;
-    for (int i = tid; i < 2 * CAP * 36; i += WARPS * 32) {     // slots past the item's pairs: zeros
-        const int s = (i / 36) % CAP, u = i % 36, buf = i / (36 * CAP);
-        if (s < n)
-            continue;
-        unsigned char* p = u < 32 ? xs + buf * XS_CHUNK + wg_unit(s, u) : ss + buf * 2 * XS_STEP + wg_unit(s, u - 32);
-        *(uint4*)p = uint4{0u, 0u, 0u, 0u};
+        sslot[s] = s < n ? hscale[order[item + s]] : 0.f;
+    }
+    for (int i = tid; i < 2 * CAP * 32; i += WARPS * 32) {     // slots past the item's pairs: zeros
+        const int s = (i >> 5) % CAP;
+        if (s >= n)
+            *(uint4*)(xs + (i >= CAP * 32) * XS_CHUNK + wg_unit(s, i & 31)) = uint4{0u, 0u, 0u, 0u};
     }
     __syncthreads();
 
     const TileCopies copies(tid, n, [&](int s) { return hh + prow[s] * F; });
-    constexpr int R = (CAP * 4 + WARPS * 32 - 1) / (WARPS * 32);   // the run sums' copies a thread: slot s, unit u
-    const u16* sum_src[R];                                      // (hi / lo x K half) of i = tid + WARPS * 32 r
-    int sum_dst[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int i = tid + WARPS * 32 * r, s = i % CAP, u = i / CAP;
-        sum_src[r] = i < CAP * 4 && s < n ? ((u >> 1) ? hsl : hsh) + prow[s] * (F / 16) + (u & 1) * 8 : nullptr;
-        sum_dst[r] = wg_unit(s, u);
-    }
-    static_assert(CAP <= WARPS * 32, "moe_down_q2k_wg: a thread for each slot's inv");
-    const float* inv_src = tid < n ? hinv + prow[tid] * nsb : nullptr;
-
     auto stage = [&](int blk) {
-        unsigned char* sb = ss + (blk & 1) * 2 * XS_STEP;
         copies.issue(xs + (blk & 1) * XS_CHUNK, blk * 256);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (sum_src[r])
-                cp_async16(sb + sum_dst[r], sum_src[r] + blk * 16);
         stage_rows(ws + (blk & 1) * ROWS * Q2K_SLOT, down, ostage + blk * Q2K_BYTES, tid);
         cp_async_commit();
-        if (tid < CAP)
-            inv[(blk & 1) * CAP + tid] = inv_src ? inv_src[blk] : 0.f;
     };
 
     float acc[NT][4];
     zero(acc);
     pipelined_blocks<true>(nsb, stage, [&](int blk) {
-        const unsigned char* xb = xs + (blk & 1) * XS_CHUNK;
-        const unsigned char* sb = ss + (blk & 1) * 2 * XS_STEP;
-        const float* ib = inv + (blk & 1) * CAP;
-        const unsigned long long desc_h = smem_desc(xb, 128, 256);
-        const unsigned long long desc_sh = smem_desc(sb, 128, 256);
-        const unsigned long long desc_sl = desc_sh + (XS_STEP >> 4);
+        const unsigned long long desc_h = smem_desc(xs + (blk & 1) * XS_CHUNK, 128, 256);
         const unsigned char* wb = ws + (blk & 1) * ROWS * Q2K_SLOT + (warp * 16 + g) * Q2K_SLOT;
         const u32* wg = (const u32*)(wb + ((og + blk * Q2K_BYTES) & 15));               // row g's block, staged
         const u32* w8 = (const u32*)(wb + 8 * Q2K_SLOT + ((o8 + blk * Q2K_BYTES) & 15));   // row g + 8's
@@ -757,25 +757,9 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
             scg[i] = wg[i];
             sc8[i] = w8[i];
         }
-        const u32 ddg = wg[20], dd8 = w8[20];
-        float c[NT][4];                                         // the min term's products, then the main term's
-        u32 mm[4];                                              // the min term's A
-        q2k_min_fragment(scg, sc8, t, mm);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            pin(mm[i]);
-        pin_all<1>(&c);
-        wgmma_fence();
-        wgmma<NT, 0>(c, mm[0], mm[1], mm[2], mm[3], desc_sh);
-        wgmma<NT, 1>(c, mm[0], mm[1], mm[2], mm[3], desc_sl);
-        wgmma_commit();
-        wgmma_wait<0>();                                        // (its own accumulators cost 32 registers: spills)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            pin(mm[i]);
-        pin_all<1>(&c);
-        add_scaled(acc, c, -f16_to_f32((u16)(ddg >> 16)), -f16_to_f32((u16)(dd8 >> 16)), ib, t);   // - dmin
-        pin_all<1>(&c);
+        const u32 ddg = wg[20], dd8 = w8[20];                   // (d, dmin) of each row
+        const u32 dg = prmt(ddg, 0u, 0x1010u), d8 = prmt(dd8, 0u, 0x1010u);                   // (d, d)
+        const u32 mg = prmt(ddg, 0u, 0x3232u) ^ 0x80008000u, m8 = prmt(dd8, 0u, 0x3232u) ^ 0x80008000u;  // -dmin
         u32 a[16][4];                                           // k step q = 8 half + 2 j + hw
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -787,21 +771,19 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 sg = (half ? scg[2 + (j >> 1)] : scg[j >> 1]) & 0x0f0f0f0fu;
-                const u32 s8 = (half ? sc8[2 + (j >> 1)] : sc8[j >> 1]) & 0x0f0f0f0fu;
+                const u32 sg = half ? scg[2 + (j >> 1)] : scg[j >> 1];
+                const u32 s8 = half ? sc8[2 + (j >> 1)] : sc8[j >> 1];
 #pragma unroll
                 for (int hw = 0; hw < 2; ++hw) {
                     const int q = 8 * half + 2 * j + hw;
-                    q2k_fragment(qg[hw], q8[hw], sg, s8, j, hw, a[q]);
+                    q2k_value_fragment(qg[hw], q8[hw], sg, s8, dg, mg, d8, m8, j, hw, a[q]);
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         pin(a[q][i]);
+                    pin_all<1>(&acc);
                     wgmma_fence();
-                    const unsigned long long desc = desc_h + (unsigned long long)((q * XS_STEP) >> 4);
-                    if (q == 0)
-                        wgmma<NT, 0>(c, a[q][0], a[q][1], a[q][2], a[q][3], desc);
-                    else
-                        wgmma<NT, 1>(c, a[q][0], a[q][1], a[q][2], a[q][3], desc);
+                    wgmma<NT>(acc, a[q][0], a[q][1], a[q][2], a[q][3],
+                              desc_h + (unsigned long long)((q * XS_STEP) >> 4));
                     wgmma_commit();
                     if (q > 0) {                                // step q - 1's products done: its A registers free
                         wgmma_wait<1>();
@@ -812,14 +794,14 @@ moe_down_q2k_wg(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u
                 }
             }
         }
-        wgmma_wait<0>();
+        wgmma_wait<0>();                                        // before the barrier that lets the buffer be reused
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             pin(a[15][i]);
-        pin_all<1>(&c);
-        add_scaled(acc, c, f16_to_f32((u16)ddg), f16_to_f32((u16)dd8), ib, t);
+        pin_all<1>(&acc);
     });
-    for_each_output(n, g, t, [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4]; });
+    for_each_output(n, g, t,
+                    [&](int s, int r, int nt, int e4) { y[prow[s] * D + row0 + r] = acc[nt][e4] * sslot[s]; });
 }
 #endif
 

@@ -4,7 +4,9 @@ down): moe_mma.cu, built and launched by cuda_launch.
     gateup_iq2(hi, inv, ids, weights, order, cnt, starts, gate_blocks, up_blocks, h, n_slots, clamp, cap)
         h[pair, :] = weight * swiglu(gate_e x_t, up_e x_t) for the pairs of the listed multi-pair items
     down_q2k(hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, cap)
-        y[pair, :] = down_e h[pair] for the same pairs
+        y[pair, :] = down_e h[pair] for the same pairs (mma.sync; h as split_runs' parts)
+    down_q2k_wg(hh, hs, ids, order, cnt, starts, down_blocks, y, cap)
+        the same on wgmma (h as x_f16's rows in the down order)
     kernel(name, nt, warps) / smem_bytes(name, cap) / tables(device)
 
 Why: moe_triton's _moe_gateup_multi decodes a [rows, 256] block tile into registers and hands it to tl.dot, which
@@ -128,13 +130,15 @@ def kernel(name: str, nt: int, warps: int, nib: bool | None = None, fuse: bool |
 def smem_bytes(name: str, cap: int, nib: bool | None = None) -> int:
     """gate/up: two chunks of x (cap x XSTRIDE each; the wgmma kernel's unpadded, cap x 512), the 384 table rows, and
     per slot its token offset, s / 8, weight, pair (the tables' form: nib, NIB when None); down: two chunks of h and
-    of its run sums (64 bytes a slot), and per slot its pair and 2 invs; the wgmma down also each chunk's blocks of
-    the program's 16 WARPS[cap] rows (moe_mma.cu's stage_rows: Q2K_SLOT bytes a row)."""
+    of its run sums (64 bytes a slot), and per slot its pair and 2 invs; the wgmma down two chunks of h (cap x 512),
+    each chunk's blocks of the program's 16 WARPS[cap] rows (moe_mma.cu's stage_rows: Q2K_SLOT bytes a row) and per
+    slot its pair and s."""
     if name.startswith("moe_gateup_iq2"):
         chunk = cap * 512 if name.endswith("_wg") else cap * XSTRIDE
         return 2 * chunk + 384 * (4 if (NIB if nib is None else nib) else 16) + cap * (8 + 4 + 4 + 4)
-    wg = name.endswith("_wg")
-    return 2 * cap * ((512 if wg else XSTRIDE) + 64) + cap * (8 + 8) + wg * 2 * 16 * WARPS[cap] * Q2K_SLOT
+    if name.endswith("_wg"):
+        return 2 * cap * 512 + 2 * 16 * WARPS[cap] * Q2K_SLOT + cap * (8 + 4)
+    return 2 * cap * (XSTRIDE + 64) + cap * (8 + 8)
 
 
 @functools.cache
@@ -195,25 +199,45 @@ def gateup_iq2(xh: torch.Tensor, xscale: torch.Tensor, ids: torch.Tensor, weight
 
 def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch.Tensor, ids: torch.Tensor,
              order: torch.Tensor, cnt: torch.Tensor, starts: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor,
-             cap: int, wg: bool = False) -> torch.Tensor:
+             cap: int) -> torch.Tensor:
     """hh float16 [P, F], hsh, hsl float16 [P, F / 16], hinv float32 [P, F / 256] (split_runs of h: hi, the run sums'
     hi and lo, inv); ids int64 [P]; order, cnt, starts as gateup_iq2's; down_blocks uint8 [E, D, F / 256 * 84] Q2_K;
-    y float32 [P, D] -> y, its rows of the items' pairs written. wg: the wgmma kernel (use_wgmma), hh in split_runs'
-    wgmma order."""
+    y float32 [P, D] -> y, its rows of the items' pairs written (moe_down_q2k, mma.sync)."""
     P, F = hh.shape
+    if hh.dtype != torch.float16 or hsh.shape != (P, F // 16) or hsl.shape != hsh.shape or hinv.shape != (P, F // 256):
+        raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
+                         f"{list(hsh.shape)}, inv {list(hinv.shape)})")
+    D = _check_down(hh, ids, down_blocks, y, cap, False)
+    _launch("moe_down_q2k", cap, D, starts, (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
+    return y
+
+
+def down_q2k_wg(hh: torch.Tensor, hs: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, cnt: torch.Tensor,
+                starts: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor, cap: int) -> torch.Tensor:
+    """down_q2k on wgmma (moe_down_q2k_wg, use_wgmma): h as q8_triton.x_f16(h, down_order=True) makes it, hh float16
+    [P, F] (each 256-value chunk in moe_triton.down_wgmma_position's order) and hs float32 [P] (h = hh * hs)."""
+    P, F = hh.shape
+    if hh.dtype != torch.float16 or hs.dtype != torch.float32 or hs.shape != (P,):
+        raise ValueError(f"moe_mma.down_q2k_wg: expected hh float16 [P, F] and hs float32 [P], got hh {hh.dtype} "
+                         f"{list(hh.shape)}, hs {hs.dtype} {list(hs.shape)}")
+    D = _check_down(hh, ids, down_blocks, y, cap, True)
+    _launch("moe_down_q2k_wg", cap, D, starts, (hh, hs, ids, order, cnt, starts, down_blocks, y, D, F))
+    return y
+
+
+def _check_down(hh: torch.Tensor, ids: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor, cap: int,
+                wg: bool) -> int:
+    """The operands both downs share checked -> D."""
+    F = hh.shape[1]
     E, D, row_bytes = down_blocks.shape
     warps = WARPS[cap]
-    if (hh.dtype != torch.float16 or hsh.shape != (P, F // 16) or hsl.shape != hsh.shape
-            or hinv.shape != (P, F // 256) or F % 256 or row_bytes != F // 256 * 84 or D % (16 * warps)
-            or y.shape[1] != D or ids.dtype != torch.int64 or cap % 8):
-        raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {hh.dtype} {list(hh.shape)}, sums "
-                         f"{list(hsh.shape)}, inv {list(hinv.shape)}, down {list(down_blocks.shape)}, y "
-                         f"{list(y.shape)}, ids {ids.dtype}, cap {cap})")
+    if F % 256 or row_bytes != F // 256 * 84 or D % (16 * warps) or y.shape[1] != D or ids.dtype != torch.int64 \
+            or cap % 8:
+        raise ValueError(f"moe_mma.down_q2k: unexpected operands (hh {list(hh.shape)}, down "
+                         f"{list(down_blocks.shape)}, y {list(y.shape)}, ids {ids.dtype}, cap {cap})")
     if wg and warps % 4:
-        raise ValueError(f"moe_mma.down_q2k: the wgmma kernel takes whole warpgroups, not {warps} warps")
-    _launch("moe_down_q2k_wg" if wg else "moe_down_q2k", cap, D, starts,
-            (hh, hsh, hsl, hinv, ids, order, cnt, starts, down_blocks, y, D, F))
-    return y
+        raise ValueError(f"moe_mma.down_q2k_wg: the wgmma kernel takes whole warpgroups, not {warps} warps")
+    return D
 
 
 def _launch(name: str, cap: int, rows: int, starts: torch.Tensor, args: tuple) -> None:

@@ -933,8 +933,7 @@ def _down_item(h_ptr, ids_ptr, order_ptr, cnt_ptr, starts_ptr, down_ptr, y_ptr, 
 
 
 @triton.jit
-def _split_runs(x_ptr, hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, NC, CB: tl.constexpr, PDL: tl.constexpr,
-                WGMMA_ORDER: tl.constexpr = False):
+def _split_runs(x_ptr, hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, NC, CB: tl.constexpr, PDL: tl.constexpr):
     """Program i: the 256-value chunks i*CB .. of x seen as [NC, 256] (see split_runs)."""
     pdl_enter(PDL)
     c = tl.program_id(0) * CB + tl.arange(0, CB)
@@ -946,13 +945,8 @@ def _split_runs(x_ptr, hi_ptr, lo_ptr, shi_ptr, slo_ptr, inv_ptr, NC, CB: tl.con
     scale = ((253 - e) << 23).to(tl.float32, bitcast=True)[:, None]                   # 2^(126 - e)
     xs = x * scale
     hi = xs.to(tl.float16)
-    o = tl.arange(0, 256)
-    if WGMMA_ORDER:                                   # down_wgmma_position in Triton
-        w = (o >> 2) & 7
-        o = 16 * (8 * (o >> 7) + 2 * ((o >> 5) & 3) + (w >> 2)) + 8 * ((o >> 1) & 1) + 2 * (w & 3) + (o & 1)
-    dst = c64[:, None] * 256 + o[None, :]
-    tl.store(hi_ptr + dst, hi, mask=cm[:, None])
-    tl.store(lo_ptr + dst, (xs - hi.to(tl.float32)).to(tl.float16), mask=cm[:, None])
+    tl.store(hi_ptr + off, hi, mask=cm[:, None])
+    tl.store(lo_ptr + off, (xs - hi.to(tl.float32)).to(tl.float16), mask=cm[:, None])
     s16 = tl.sum(tl.reshape(x, (CB, 16, 16)), axis=2) * scale                         # [CB, 16]
     shi = s16.to(tl.float16)
     soff = c64[:, None] * 16 + tl.arange(0, 16)[None, :]
@@ -1106,19 +1100,19 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
 
 
 def down_wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
-    """Where value o (0..255) of a 256-value chunk goes in split_runs' wgmma order (moe_mma.cu moe_down_q2k_wg): with
+    """Where value o (0..255) of a 256-value chunk goes in x_f16's down order (moe_mma.cu moe_down_q2k_wg): with
     o = 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, position 16 (8 n + 2 j + hw) + 8 kc + 2 t + b."""
     n, j, w, i = o >> 7, (o >> 5) & 3, (o >> 2) & 7, o & 3
     return 16 * (8 * n + 2 * j + (w >> 2)) + 8 * (i >> 1) + 2 * (w & 3) + (i & 1)
 
 
-def split_runs(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor, ...]:
+def split_runs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The multi-pair kernels' activations, split once per call: x float32 [R, K] (K % 256 == 0) -> hi, lo f16
     [R, K], shi, slo f16 [R, K/16], inv float32 [R, K/256]. Per 256-value chunk with e the biased exponent of its
     largest |x| (at most 252): scale = 2^(126-e) (|x * scale| < 1), x * scale = hi + lo to 2^-22 of the largest
     |x|, the sums of x * scale over 16-value runs = shi + slo likewise, inv = 1 / scale (both powers of two).
-    wgmma_order: hi and lo with each chunk in down_wgmma_position's order. One kernel (_split_runs; in PyTorch it was
-    ~20 launches, inside every captured verify step of MULTI_MIN or more rows twice per layer)."""
+    One kernel (_split_runs; in PyTorch it was ~20 launches, inside every captured verify step of MULTI_MIN or more
+    rows twice per layer)."""
     R, K = x.shape
     if x.dtype != torch.float32 or K % QK:
         raise ValueError(f"split_runs: expected float32 [R, K] with K % {QK} == 0, got {x.dtype} {list(x.shape)}")
@@ -1128,7 +1122,7 @@ def split_runs(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor
     n = R * (K // QK)
     if n:
         _split_runs[(triton.cdiv(n, SPLIT_CHUNKS),)](x.contiguous(), hi, lo, shi, slo, inv, n, CB=SPLIT_CHUNKS,
-                                                      WGMMA_ORDER=wgmma_order, num_warps=4, **pdl_launch(x.device))
+                                                      num_warps=4, **pdl_launch(x.device))
     return hi, lo, shi, slo, inv
 
 
@@ -1313,9 +1307,11 @@ def moe_forward(v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
                                                        NSB=F // QK, DT=down_type, BR=dbr, DPF=dpf, COMPACT=long,
                                                        SH=bool(sh), SBR=SHARED_BR, num_warps=dwarps, **pdl,
                                                        **({"maxnreg": dreg} if dreg else {}))
-    if n_multi and mma_down:
-        hh, _, hsh, hsl, hinv = split_runs(ws.h, wg)
-        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap, wg)
+    if n_multi and mma_down and wg:
+        moe_mma.down_q2k_wg(*x_f16(ws.h, down_order=True), flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
+    elif n_multi and mma_down:
+        hh, _, hsh, hsl, hinv = split_runs(ws.h)
+        moe_mma.down_q2k(hh, hsh, hsl, hinv, flat_ids, order, cnt, m_starts, down_blocks, ws.y, cap)
     elif n_multi:
         dbs, dns, dl = LAYOUT[down_type]
         _moe_down_multi[(n_multi, D // mbr)](*split_runs(ws.h), *dn_args[1:], m_starts, down_blocks, ws.y, dp_tab,

@@ -253,11 +253,11 @@ def _dequant_f16(q_ptr, d_ptr, out_ptr, N, inv_scale, K: tl.constexpr, BR: tl.co
 
 @triton.jit
 def _x_f16(x_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-           WGMMA_ORDER: tl.constexpr = False):
+           WGMMA_ORDER: tl.constexpr = False, DOWN_ORDER: tl.constexpr = False):
     """Program p: rows p*BT.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to nearest even, s [T]
     the power of two with the row's max |x| in [s/2, s) (2^-126 for a row of zeros or subnormals; finite rows below
     2^126), in two passes over the rows, the second mostly from L2. WGMMA_ORDER: each 256-value chunk's values
-    stored in wgmma_position's order (BK a multiple of 256)."""
+    stored in wgmma_position's order, DOWN_ORDER: in moe_triton.down_wgmma_position's (BK a multiple of 256)."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     live = rows < T
     base = rows.to(tl.int64)[:, None] * GK
@@ -278,6 +278,10 @@ def _x_f16(x_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.
             o = k % 256                              # wgmma_position in Triton: value o of a chunk -> its position
             sb, r, i = o >> 5, (o >> 3) & 3, o & 7
             p = (k - o) + 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
+        if DOWN_ORDER:
+            o = k % 256                              # down_wgmma_position: o = 128 n + 32 j + 4 w + i
+            n, j, w, i = o >> 7, (o >> 5) & 3, (o >> 2) & 7, o & 3
+            p = (k - o) + 16 * (8 * n + 2 * j + (w >> 2)) + 8 * (i >> 1) + 2 * (w & 3) + (i & 1)
         tl.store(out_ptr + base + p[None, :], (v * inv[:, None]).to(tl.float16), mask=mask)
 
 
@@ -419,20 +423,22 @@ def wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
     return 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
 
 
-def x_f16(x: torch.Tensor, wgmma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def x_f16(x: torch.Tensor, wgmma_order: bool = False, down_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The input side of project_f16 (runtime/backends/cuda.py) in one kernel (each row band read twice):
     x float32 [T, GK] -> (float16 [T, GK], s float32 [T]) with row t = x[t] / s[t] rounded to nearest even, s[t]
     the power of two with max |x[t]| in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16)).
-    wgmma_order: each 256-value chunk of a row in wgmma_position's order (GK a multiple of 256)."""
-    if x.dtype != torch.float32 or x.dim() != 2 or wgmma_order and x.shape[1] % 256:
-        raise ValueError(f"x_f16: expected float32 [T, GK]{' with GK % 256 == 0' if wgmma_order else ''}, got "
-                         f"{x.dtype} {list(x.shape)}")
+    wgmma_order: each 256-value chunk of a row in wgmma_position's order (the gate/up of moe_mma's wgmma kernels);
+    down_order: in moe_triton.down_wgmma_position's (their down); GK a multiple of 256 for either."""
+    ordered = wgmma_order or down_order
+    if x.dtype != torch.float32 or x.dim() != 2 or ordered and x.shape[1] % 256 or wgmma_order and down_order:
+        raise ValueError(f"x_f16: expected float32 [T, GK]{' with GK % 256 == 0' if ordered else ''} and one order, "
+                         f"got {x.dtype} {list(x.shape)}")
     T, GK = x.shape
     x = x.contiguous()
     out = torch.empty(T, GK, dtype=torch.float16, device=x.device)
     s = torch.empty(T, dtype=torch.float32, device=x.device)
     _x_f16[(triton.cdiv(T, X_F16_BT),)](x, out, s, T, GK=GK, BT=X_F16_BT, BK=X_F16_BK, WGMMA_ORDER=wgmma_order,
-                                        num_warps=PARTS_WARPS)
+                                        DOWN_ORDER=down_order, num_warps=PARTS_WARPS)
     return out, s
 
 
