@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -650,6 +651,8 @@ class GraphedSteps(Steps):
         T = len(tokens)
         if not graph or T > self.max_T:
             self.last = None
+            if os.environ.get("DS4_COMPILE_PREFILL") == "1":     # try: compiled blocks for long chunks too
+                return super().run(tokens, h, last_only)
             with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
                 return super().run(tokens, h, last_only)
         key = (T, last_only, self.indexer(T), self.bound(T))
