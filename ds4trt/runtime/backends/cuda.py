@@ -168,7 +168,22 @@ def attend_kernel(q, k, mask, sinks, cos, sin, out=None):
     if q.shape[0] <= attn_triton.MAX_T and q.dtype == torch.float32:
         o = attend_op(q, k, mask, sinks, cos, sin)
         return o if out is None else out.copy_(o)
+    if out is None:                               # a chunk of up to QUERY_BLOCK queries: one op in a compiled graph
+        return attend_long_op(q, k, mask, sinks, cos, sin)
     return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin, out=out)
+
+
+# Inductor (torch 2.11, an H100) failed to lower attend_long_triton's bool mask viewed as bytes when a compiled chunk
+# called the kernel itself: "torch.bool is not supported by torch.iinfo"
+@torch.library.custom_op("ds4trt::attend_long", mutates_args=())
+def attend_long_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
+    return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin)
+
+
+@attend_long_op.register_fake
+def _(q, k, mask, sinks, cos, sin):
+    return q.new_empty(q.shape, dtype=torch.float32)
 
 
 # A prefill chunk's kernels are custom ops too, for a chunk run through the compiled blocks: a Triton kernel called
