@@ -64,6 +64,24 @@ def attend_unrotate(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks:
     return o if out is None else out.copy_(o)
 
 
+def attend_by_query_blocks(attend, q: torch.Tensor, keys: list[torch.Tensor], masks: list[torch.Tensor],
+                           sinks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, window: int) -> torch.Tensor:
+    """A long chunk's attend_unrotate (`attend`, its `out` included) in blocks of QUERY_BLOCK queries a..b-1, each
+    scored only against the keys it can see: raw rows a .. b+window-2 (the windows of its queries) and the compressed
+    rows; the keys left out are masked for the whole block, so the values are the same. q [T, H, d] (a backend's may
+    be narrower: float16 queries); keys: the raw keys [W-1+T, d], then the compressed ones; masks: theirs [T, K_i]
+    -> o [T, H, d], each block writing its rows."""
+    T = q.shape[0]
+    o = torch.empty(q.shape, dtype=torch.promote_types(q.dtype, keys[0].dtype), device=q.device)
+    for a in range(0, T, QUERY_BLOCK):
+        b = min(a + QUERY_BLOCK, T)
+        spans = [(a, b + window - 1)] + [(0, g.shape[0]) for g in keys[1:]]
+        kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
+        mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
+        attend(q[a:b], kb, mb, sinks, cos[a:b], sin[a:b], out=o[a:b])
+    return o
+
+
 def head_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
     """The queries' per-head RMS norm (no weight), then RoPE on each head's tail. x: [T, H, d]; cos, sin:
     [T, n_rot/2] -> [T, H, d]"""
@@ -283,17 +301,14 @@ class Attention(nn.Module):
             # keys [K = W-1+T (+ Kc+T or T*k), d]
             o = self.attend(q, torch.cat(keys, dim=0), torch.cat(masks, dim=1), self.sinks, cos, sin)
         else:
-            # a long chunk, in blocks of queries a..b-1, each scored only against the keys it can see: raw rows
-            # a .. b+W-2 (the windows of its queries) and the compressed rows; the keys left out are masked for the
-            # whole block, so the values are the same. Each block writes its rows of o.
-            o = torch.empty(q.shape, dtype=y.dtype, device=y.device)    # [T, H, d] (q may be narrower: queries)
-            for a in range(0, T, QUERY_BLOCK):
-                b = min(a + QUERY_BLOCK, T)
-                spans = [(a, b + W - 1)] + [(0, g.shape[0]) for g in keys[1:]]
-                kb = torch.cat([g[lo:hi] for g, (lo, hi) in zip(keys, spans)], dim=0)
-                mb = torch.cat([m[a:b, lo:hi] for m, (lo, hi) in zip(masks, spans)], dim=1)
-                self.attend(q[a:b], kb, mb, self.sinks, cos[a:b], sin[a:b], out=o[a:b])
+            o = self.attend_chunk(q, keys, masks, self.sinks, cos, sin)
         return self.out_b(self.out_a(o.reshape(T, H * d))), rows
+
+    def attend_chunk(self, q: torch.Tensor, keys: list[torch.Tensor], masks: list[torch.Tensor], sinks: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """A long chunk's attention (more than QUERY_BLOCK queries): attend_by_query_blocks with self.attend (a backend
+        may set an instance attribute `attend_chunk` with this signature)."""
+        return attend_by_query_blocks(self.attend, q, keys, masks, sinks, cos, sin, self.cfg.window)
 
     def queries(self, qn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """qn [T, Lq] -> q [T, H, d]: q_b's product, then each head's norm and RoPE (a backend may set an instance

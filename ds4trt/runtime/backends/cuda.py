@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ import torch.nn as nn
 
 from ds4trt.errors import Ds4Error
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import Attention, Compressor, top_rows
+from ds4trt.model.attention import Attention, Compressor, attend_by_query_blocks, top_rows
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
@@ -167,13 +168,60 @@ def attend_kernel(q, k, mask, sinks, cos, sin, out=None):
     if q.shape[0] <= attn_triton.MAX_T and q.dtype == torch.float32:
         o = attend_op(q, k, mask, sinks, cos, sin)
         return o if out is None else out.copy_(o)
+    if out is None:                               # a chunk of up to QUERY_BLOCK queries: one op in a compiled graph
+        return attend_long_op(q, k, mask, sinks, cos, sin)
     return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin, out=out)
+
+
+# Inductor (torch 2.11, an H100) failed to lower attend_long_triton's bool mask viewed as bytes when a compiled chunk
+# called the kernel itself: "torch.bool is not supported by torch.iinfo"
+@torch.library.custom_op("ds4trt::attend_long", mutates_args=())
+def attend_long_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
+    return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin)
+
+
+@attend_long_op.register_fake
+def _(q, k, mask, sinks, cos, sin):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+# A prefill chunk's kernels are custom ops too, for a chunk run through the compiled blocks: a Triton kernel called
+# in a compiled graph is analysed by Inductor, which takes every input of one with inline PTX (pdl.py's wait, the
+# wide loads) as mutated, and whose copies for the chunk's attention writing its blocks of queries into views of one
+# output (attend_by_query_blocks' out=) read past a buffer (an illegal address on the H100, BENCHMARKS.md).
+@torch.library.custom_op("ds4trt::attend_chunk", mutates_args=())
+def attend_chunk_op(q: torch.Tensor, keys: list[torch.Tensor], masks: list[torch.Tensor], sinks: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, window: int) -> torch.Tensor:
+    return attend_by_query_blocks(attend_kernel, q, keys, masks, sinks, cos, sin, window)
+
+
+@attend_chunk_op.register_fake
+def _(q, keys, masks, sinks, cos, sin, window):
+    return q.new_empty(q.shape, dtype=torch.promote_types(q.dtype, keys[0].dtype))
+
+
+def attend_chunk_kernel(attn: Attention, q, keys, masks, sinks, cos, sin):
+    """model/attention.py Attention.attend_chunk on this backend: its blocks of queries as one op, each block one
+    flash-attention kernel writing its rows of the output (attend_kernel)."""
+    return attend_chunk_op(q, keys, masks, sinks, cos, sin, attn.cfg.window)
+
+
+@torch.library.custom_op("ds4trt::attend_top", mutates_args=())
+def attend_top_op(q: torch.Tensor, raw: torch.Tensor, raw_mask: torch.Tensor, comp: torch.Tensor, top: torch.Tensor,
+                  top_vis: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return attn_triton.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin)
+
+
+@attend_top_op.register_fake
+def _(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin):
+    return q.new_empty(q.shape, dtype=torch.float32)
 
 
 def attend_top_kernel(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin):
     """model/attention.py's attend_top hook on this backend (prefill chunks of the indexer's layers): one kernel
     reading each query's window and own top rows, rotating as it stores."""
-    return attn_triton.attend_top_triton(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin)
+    return attend_top_op(q, raw, raw_mask, comp, top, top_vis, sinks, cos, sin)
 
 
 @torch.library.custom_op("ds4trt::index_score", mutates_args=())
@@ -186,12 +234,22 @@ def _(w, q, keys):
     return q.new_empty(q.shape[0], keys.shape[0])
 
 
+@torch.library.custom_op("ds4trt::index_score_long", mutates_args=())
+def index_score_long_op(w: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    return index_triton.index_score_long_triton(w, q, keys)
+
+
+@index_score_long_op.register_fake
+def _(w, q, keys):
+    return q.new_empty(q.shape[0], keys.shape[0], dtype=torch.float32)
+
+
 def index_score_kernel(w, q, keys):
     """model/attention.py index_score on this backend: one kernel for steps of up to index_triton.MAX_T queries,
     another for prefill chunks."""
     if q.shape[0] <= index_triton.MAX_T:
         return index_score_op(w, q, keys)
-    return index_triton.index_score_long_triton(w, q, keys)
+    return index_score_long_op(w, q, keys)
 
 
 @torch.library.custom_op("ds4trt::top_rows", mutates_args=())
@@ -277,9 +335,20 @@ def queries_kernel(attn: Attention, qn: torch.Tensor, cos: torch.Tensor, sin: to
     cfg, q_b, T = attn.cfg, attn.q_b, qn.shape[0]
     if T > KERNEL_MAX_T and isinstance(q_b, Q8Linear) and q_b.groups == 1 and attn_triton.reads_float16_queries():
         y, s = q_b.unscaled_f16(qn)
-        return rope_triton.head_norm_rope_triton(y.view(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps,
-                                                 row_scale=s, out_dtype=torch.float16)
+        return head_norm_rope_f16_op(y.view(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps, s)
     return head_norm_rope_kernel(q_b(qn).reshape(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps)
+
+
+@torch.library.custom_op("ds4trt::head_norm_rope_f16", mutates_args=())
+def head_norm_rope_f16_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                          row_scale: torch.Tensor) -> torch.Tensor:
+    """-> float16 [T, H, d]: head_norm_rope of x's rows times row_scale (queries_kernel)"""
+    return rope_triton.head_norm_rope_triton(x, cos, sin, eps, row_scale=row_scale, out_dtype=torch.float16)
+
+
+@head_norm_rope_f16_op.register_fake
+def _(x, cos, sin, eps, row_scale):
+    return x.new_empty(x.shape, dtype=torch.float16)
 
 
 def head_norm_rope_kernel(q, cos, sin, eps: float):
@@ -310,7 +379,19 @@ def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters:
     and the weighted sum)."""
     if X.shape[0] <= hc_triton.MAX_T:
         return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    return hc_pre_long_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@torch.library.custom_op("ds4trt::hc_pre_long", mutates_args=())
+def hc_pre_long_op(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+                   hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return hc_triton.hc_pre_long_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@hc_pre_long_op.register_fake
+def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+    T, S, D = X.shape
+    return X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
 
 
 def hc_combine(f, X, post, comb):
@@ -318,7 +399,17 @@ def hc_combine(f, X, post, comb):
     kernel (prefill chunks)."""
     if X.shape[0] <= FUSED_MAX_T:
         return hc_post(f, X, post, comb)
+    return hc_post_op(f, X, post, comb)
+
+
+@torch.library.custom_op("ds4trt::hc_post", mutates_args=())
+def hc_post_op(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     return hc_triton.hc_post_triton(f, X, post, comb)
+
+
+@hc_post_op.register_fake
+def _(f, X, post, comb):
+    return torch.empty_like(X)
 
 
 def hc_update_reduce(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
@@ -356,7 +447,7 @@ class Q8Linear(nn.Module):
 
     def weight_f16(self) -> torch.Tensor:
         """The weight as float16 [N, K] standing for f16_scale times it, made for one long chunk's product."""
-        return q8_triton.dequant_f16(self.quants, self.scales, self.K, 1 / self.f16_scale)
+        return dequant_f16_op(self.quants, self.scales, self.K, 1 / self.f16_scale)
 
     def unscaled_f16(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A long chunk's product (one group) before its rows are scaled back: x [T, K] float32 -> (y [T, N] float32,
@@ -388,12 +479,32 @@ def product_f16(x: torch.Tensor, w16: torch.Tensor, groups: int = 1,
     """project_f16's product before its rows are scaled back: (y [G, T, N/G] float32, s [T] float32) with group g's
     projection of row t = y[g, t] * s[t] * w_scale."""
     G, N, K = groups, w16.shape[0], w16.shape[1]
-    xs, s = x16 or q8_triton.x_f16(x.reshape(-1, G * K))                  # [T, G*K] float16, [T] float32
+    xs, s = x16 or x_f16_op(x.reshape(-1, G * K))                         # [T, G*K] float16, [T] float32
     a = xs.view(-1, G, K).transpose(0, 1)                                  # [G, T, K]
     b = w16.view(G, N // G, K).transpose(1, 2)                             # [G, K, N/G]
     if a.is_cuda:
         return torch.bmm(a, b, out_dtype=torch.float32), s                 # [G, T, N/G]
     return torch.bmm(a.float(), b.float()), s    # Triton's interpreter (CPU tests): the same products, float32 sums
+
+
+@torch.library.custom_op("ds4trt::dequant_f16", mutates_args=())
+def dequant_f16_op(quants: torch.Tensor, scales: torch.Tensor, K: int, inv_scale: float) -> torch.Tensor:
+    return q8_triton.dequant_f16(quants, scales, K, inv_scale)
+
+
+@dequant_f16_op.register_fake
+def _(quants, scales, K, inv_scale):
+    return quants.new_empty(quants.shape[0], K, dtype=torch.float16)
+
+
+@torch.library.custom_op("ds4trt::x_f16", mutates_args=())
+def x_f16_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return q8_triton.x_f16(x)
+
+
+@x_f16_op.register_fake
+def _(x):
+    return x.new_empty(x.shape, dtype=torch.float16), x.new_empty(x.shape[0])
 
 
 @torch.library.custom_op("ds4trt::f16_matmul", mutates_args=())
@@ -471,7 +582,7 @@ class LinearGroup:
                 out[i] = y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)
         long = [i for i, m in enumerate(mods) if out[i] is None and _takes_x16(m, T)]
         if len(long) > 1:                                     # their inputs' float16 rows made once
-            x16 = q8_triton.x_f16(x2)
+            x16 = x_f16_op(x2)
             for i in long:
                 out[i] = mods[i](x, x16)
         return tuple(m(x) if o is None else o for m, o in zip(mods, out))
@@ -555,6 +666,7 @@ def to_device(model: nn.Module, device) -> nn.Module:
             m.top_rows = top_rows_kernel
             m.head_norm_rope = head_norm_rope_kernel
             m.queries = functools.partial(queries_kernel, m)
+            m.attend_chunk = functools.partial(attend_chunk_kernel, m)
             m.kv_row = kv_row_op
             m.group = LinearGroup(m.u_projections)
             if getattr(m, "qat", None) is indexer_qat:
@@ -650,6 +762,8 @@ class GraphedSteps(Steps):
         T = len(tokens)
         if not graph or T > self.max_T:
             self.last = None
+            if os.environ.get("DS4_COMPILE_PREFILL") == "1":     # try: compiled blocks for long chunks too
+                return super().run(tokens, h, last_only)
             with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
                 return super().run(tokens, h, last_only)
         key = (T, last_only, self.indexer(T), self.bound(T))
