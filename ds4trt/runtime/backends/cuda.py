@@ -155,38 +155,33 @@ def _(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
 @torch.library.custom_op("ds4trt::attend", mutates_args=())
 def attend_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> torch.Tensor:
-    return attn_triton.attend_triton(q, k, mask, sinks, cos, sin)
+    if _split_keys(q):
+        return attn_triton.attend_triton(q, k, mask, sinks, cos, sin)
+    return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin)
 
 
 @attend_op.register_fake
 def _(q, k, mask, sinks, cos, sin):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+def _split_keys(q: torch.Tensor) -> bool:
+    """Whether attend_kernel takes the kernels split over the keys (steps) rather than the flash-attention one."""
+    return q.shape[0] <= attn_triton.MAX_T and q.dtype == torch.float32
 
 
 def attend_kernel(q, k, mask, sinks, cos, sin, out=None):
     """model/attention.py attend_unrotate on this backend: two kernels for steps of up to attn_triton.MAX_T queries
     (split over the keys, the rotation in the join), else the flash-attention kernel, which rotates as it stores
     into `out` (a prefill chunk's block of queries; also a chunk's last block of MAX_T or fewer when its queries
-    came as float16 from queries_kernel, which only the flash-attention kernel reads)."""
-    if q.shape[0] <= attn_triton.MAX_T and q.dtype == torch.float32:
-        o = attend_op(q, k, mask, sinks, cos, sin)
-        return o if out is None else out.copy_(o)
-    if out is None:                               # a chunk of up to QUERY_BLOCK queries: one op in a compiled graph
-        return attend_long_op(q, k, mask, sinks, cos, sin)
+    came as float16 from queries_kernel, which only the flash-attention kernel reads). Without `out` one op (in a
+    compiled chunk of up to QUERY_BLOCK queries, Inductor, torch 2.11 on an H100, failed to lower the
+    flash-attention kernel's bool mask viewed as bytes when the chunk called the kernel itself)."""
+    if out is None:
+        return attend_op(q, k, mask, sinks, cos, sin)
+    if _split_keys(q):
+        return out.copy_(attend_op(q, k, mask, sinks, cos, sin))
     return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin, out=out)
-
-
-# Inductor (torch 2.11, an H100) failed to lower attend_long_triton's bool mask viewed as bytes when a compiled chunk
-# called the kernel itself: "torch.bool is not supported by torch.iinfo"
-@torch.library.custom_op("ds4trt::attend_long", mutates_args=())
-def attend_long_op(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor) -> torch.Tensor:
-    return attn_triton.attend_long_triton(q, k, mask, sinks, cos, sin)
-
-
-@attend_long_op.register_fake
-def _(q, k, mask, sinks, cos, sin):
-    return q.new_empty(q.shape, dtype=torch.float32)
 
 
 # A prefill chunk's kernels are custom ops too, for a chunk run through the compiled blocks: a Triton kernel called
