@@ -351,7 +351,7 @@ inline void fence_proxy_async() {}
 inline void pin(u32&) {}
 inline void pin(float&) {}
 
-template <int NTILES, int ACC = 1>
+template <int NTILES>
 inline void wgmma(float (&c)[NTILES][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
     const u32 mine[4] = {a0, a1, a2, a3};
     const int lane = emu::thread_index() & 31, g = lane >> 2, t = lane & 3;
@@ -363,7 +363,7 @@ inline void wgmma(float (&c)[NTILES][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigne
         for (int nt = 0; nt < NTILES; ++nt)
             for (int i = 0; i < 4; ++i) {
                 const int r = g + 8 * (i >> 1), n = 8 * nt + 2 * t + (i & 1);
-                double s = ACC ? c[nt][i] : 0.0;
+                double s = c[nt][i];
                 for (int k = 0; k < 16; ++k) {
                     const u32* fa = (const u32*)frag(4 * (r % 8) + (k % 8) / 2);
                     u16 bk;

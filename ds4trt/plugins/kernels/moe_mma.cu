@@ -685,7 +685,7 @@ __device__ __forceinline__ void stage_rows(unsigned char* wb, const unsigned cha
 // (dg, mg; d8, m8): float16((sc q) d + hi) + lo, where sc q is exact, the FMA rounds once, and hi + lo = -dmin m
 // exactly (m dmin has at most 15 significant bits: hi its float16 rounding, lo the rest, exact by a second FMA), so
 // each value is off by two roundings of itself (~2^-11), not of its terms (which cancel where q m dmin ~ d sc q)
-__device__ __forceinline__ void q2k_value_pair(u32 wq, u32 sel, u32 sc, u32 d, u32 hi, u32 lo, u32& a0, u32& a2) {
+__device__ __forceinline__ void q2k_value_pair(u32 wq, u32 sc, u32 d, u32 hi, u32 lo, u32& a0, u32& a2) {
     a0 = add_f16x2(fma_f16x2(mul_f16x2(byte_pair_f16(wq, 0x4140u), sc), d, hi), lo);
     a2 = add_f16x2(fma_f16x2(mul_f16x2(byte_pair_f16(wq, 0x4342u), sc), d, hi), lo);
 }
@@ -697,10 +697,8 @@ __device__ __forceinline__ void q2k_value_fragment(u32 qg, u32 q8, u32 sg, u32 s
     const u32 mm_g = byte_pair_f16((sg >> 4) & 0x0f0f0f0fu, sel), mm_8 = byte_pair_f16((s8 >> 4) & 0x0f0f0f0fu, sel);
     const u32 hi_g = mul_f16x2(mm_g, mg), hi_8 = mul_f16x2(mm_8, m8);
     const u32 lo_g = fma_f16x2(mm_g, mg, hi_g ^ 0x80008000u), lo_8 = fma_f16x2(mm_8, m8, hi_8 ^ 0x80008000u);
-    q2k_value_pair((qg >> (2 * j)) & 0x03030303u, sel, byte_pair_f16(sg & 0x0f0f0f0fu, sel), dg, hi_g, lo_g, a[0],
-                   a[2]);
-    q2k_value_pair((q8 >> (2 * j)) & 0x03030303u, sel, byte_pair_f16(s8 & 0x0f0f0f0fu, sel), d8, hi_8, lo_8, a[1],
-                   a[3]);
+    q2k_value_pair((qg >> (2 * j)) & 0x03030303u, byte_pair_f16(sg & 0x0f0f0f0fu, sel), dg, hi_g, lo_g, a[0], a[2]);
+    q2k_value_pair((q8 >> (2 * j)) & 0x03030303u, byte_pair_f16(s8 & 0x0f0f0f0fu, sel), d8, hi_8, lo_8, a[1], a[3]);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)

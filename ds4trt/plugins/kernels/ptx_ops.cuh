@@ -125,22 +125,22 @@ __device__ __forceinline__ void pin(float& f) { asm volatile("" : "+f"(f)::"memo
 
 #define WG_C4(i) "+f"(c[i][0]), "+f"(c[i][1]), "+f"(c[i][2]), "+f"(c[i][3])
 
-// c [64 x 8 NTILES] = A [64 x 16] (this warp's rows: a0..a3) @ B [16 x 8 NTILES] (desc), plus c where ACC
-template <int NTILES, int ACC = 1>
+// c [64 x 8 NTILES] += A [64 x 16] (this warp's rows: a0..a3) @ B [16 x 8 NTILES] (desc)
+template <int NTILES>
 __device__ __forceinline__ void wgmma(float (&c)[NTILES][4], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long desc) {
     static_assert(NTILES == 4 || NTILES == 8, "wgmma: 32 or 64 columns");
     if constexpr (NTILES == 4)
         asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, %21, 1, 1, 0;"
                      : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(ACC));
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(1));
     else
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, %37, "
                      "1, 1, 0;"
                      : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(ACC));
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(1));
 }
 #undef WG_C4
 #endif
