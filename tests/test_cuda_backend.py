@@ -199,8 +199,6 @@ def test_x_f16_equals_torch():
     each row over its power-of-two scale s, with max |x| / s in [1/2, 1): fresh random rows of magnitudes 1e-30 ..
     1e30 (float16's range is 6e-8 .. 65504), a row of zeros, row and input counts past a whole program and step;
     each wgmma order a permutation of each 256-value chunk."""
-    from ds4trt.plugins.kernels import moe_triton
-
     g = torch.Generator().manual_seed(41)
     for T, GK in ((1, 64), (37, 300)):
         x = torch.randn(T, GK, generator=g) * torch.logspace(-30, 30, T)[:, None]
@@ -216,7 +214,7 @@ def test_x_f16_equals_torch():
     x = torch.randn(19, 512, generator=g)                      # wgmma orders: each chunk's values permuted
     plain, s = q8_triton.x_f16(x.to(DEVICE))
     for position, order in ((q8_triton.wgmma_position, {"wgmma_order": True}),
-                            (moe_triton.down_wgmma_position, {"down_order": True})):   # the gate/up's, the down's
+                            (q8_triton.down_wgmma_position, {"down_order": True})):   # the gate/up's, the down's
         got, s_wg = q8_triton.x_f16(x.to(DEVICE), **order)
         where = position(torch.arange(256))
         assert sorted(where.tolist()) == list(range(256)) and torch.equal(s_wg, s)

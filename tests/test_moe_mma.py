@@ -135,7 +135,7 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=Fal
     y = torch.full((T * k, D), float("nan"), device=device)
     if wg:                                          # h as x_f16's rows in the down order
         hh, hs = _rows_f16(torch.from_numpy(hv))
-        moe_mma.down_q2k_wg(dev(_permuted(hh, moe_triton.down_wgmma_position)), dev(hs), dev(flat), dev(order),
+        moe_mma.down_q2k_wg(dev(_permuted(hh, q8_triton.down_wgmma_position)), dev(hs), dev(flat), dev(order),
                             dev(cnt), dev(multis), dev(down), y, cap)
     else:
         hh, hsh, hsl, hinv = _split(torch.from_numpy(hv))

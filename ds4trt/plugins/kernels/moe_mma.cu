@@ -657,7 +657,7 @@ moe_down_q2k(const u16* __restrict__ hh, const u16* __restrict__ hsh, const u16*
 // qs word (n, t + 4 hw) at shift 2 j, rows g and g + 8), B tiles in shared memory read by the tensor cores (the layout
 // of moe_gateup_iq2_wg: core matrices of 8 tokens x 16 bytes, token group after K half).
 //
-// h comes in x_f16's down order (q8_triton.x_f16(..., down_order=True), moe_triton.down_wgmma_position): in each
+// h comes in x_f16's down order (q8_triton.x_f16(..., down_order=True), q8_triton.down_wgmma_position): in each
 // 256-value chunk, position 16 ks + 8 kc + 2 t + b holds value 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, k step ks =
 // 8 n + 2 j + hw: the K half kc of lane t's 4 values of step (n, j, hw) above.
 

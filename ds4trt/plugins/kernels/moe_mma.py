@@ -215,7 +215,7 @@ def down_q2k(hh: torch.Tensor, hsh: torch.Tensor, hsl: torch.Tensor, hinv: torch
 def down_q2k_wg(hh: torch.Tensor, hs: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, cnt: torch.Tensor,
                 starts: torch.Tensor, down_blocks: torch.Tensor, y: torch.Tensor, cap: int) -> torch.Tensor:
     """down_q2k on wgmma (moe_down_q2k_wg, use_wgmma): h as q8_triton.x_f16(h, down_order=True) makes it, hh float16
-    [P, F] (each 256-value chunk in moe_triton.down_wgmma_position's order) and hs float32 [P] (h = hh * hs)."""
+    [P, F] (each 256-value chunk in q8_triton.down_wgmma_position's order) and hs float32 [P] (h = hh * hs)."""
     P, F = hh.shape
     if hh.dtype != torch.float16 or hs.dtype != torch.float32 or hs.shape != (P,):
         raise ValueError(f"moe_mma.down_q2k_wg: expected hh float16 [P, F] and hs float32 [P], got hh {hh.dtype} "

@@ -1099,13 +1099,6 @@ def _check_blocks(name: str, t: torch.Tensor, ggml_type: int, rows: int, cols: i
     return rows * want_row
 
 
-def down_wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
-    """Where value o (0..255) of a 256-value chunk goes in x_f16's down order (moe_mma.cu moe_down_q2k_wg): with
-    o = 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, position 16 (8 n + 2 j + hw) + 8 kc + 2 t + b."""
-    n, j, w, i = o >> 7, (o >> 5) & 3, (o >> 2) & 7, o & 3
-    return 16 * (8 * n + 2 * j + (w >> 2)) + 8 * (i >> 1) + 2 * (w & 3) + (i & 1)
-
-
 def split_runs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The multi-pair kernels' activations, split once per call: x float32 [R, K] (K % 256 == 0) -> hi, lo f16
     [R, K], shi, slo f16 [R, K/16], inv float32 [R, K/256]. Per 256-value chunk with e the biased exponent of its

@@ -257,7 +257,7 @@ def _x_f16(x_ptr, out_ptr, s_ptr, T, GK: tl.constexpr, BT: tl.constexpr, BK: tl.
     """Program p: rows p*BT.. of x float32 [T, GK] -> out float16 [T, GK] = x / s rounded to nearest even, s [T]
     the power of two with the row's max |x| in [s/2, s) (2^-126 for a row of zeros or subnormals; finite rows below
     2^126), in two passes over the rows, the second mostly from L2. WGMMA_ORDER: each 256-value chunk's values
-    stored in wgmma_position's order, DOWN_ORDER: in moe_triton.down_wgmma_position's (BK a multiple of 256)."""
+    stored in wgmma_position's order, DOWN_ORDER: in down_wgmma_position's (BK a multiple of 256)."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     live = rows < T
     base = rows.to(tl.int64)[:, None] * GK
@@ -423,12 +423,19 @@ def wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
     return 16 * (8 * (sb >> 2) + 2 * r + (i >> 2)) + 8 * ((i >> 1) & 1) + 2 * (sb & 3) + (i & 1)
 
 
+def down_wgmma_position(o: torch.Tensor | int) -> torch.Tensor | int:
+    """Where value o (0..255) of a 256-value chunk goes in x_f16's down order (moe_mma.cu moe_down_q2k_wg): with
+    o = 128 n + 32 j + 4 (t + 4 hw) + 2 kc + b, position 16 (8 n + 2 j + hw) + 8 kc + 2 t + b."""
+    n, j, w, i = o >> 7, (o >> 5) & 3, (o >> 2) & 7, o & 3
+    return 16 * (8 * n + 2 * j + (w >> 2)) + 8 * (i >> 1) + 2 * (w & 3) + (i & 1)
+
+
 def x_f16(x: torch.Tensor, wgmma_order: bool = False, down_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The input side of project_f16 (runtime/backends/cuda.py) in one kernel (each row band read twice):
     x float32 [T, GK] -> (float16 [T, GK], s float32 [T]) with row t = x[t] / s[t] rounded to nearest even, s[t]
     the power of two with max |x[t]| in [s/2, s) (bit for bit torch's (x[t] / s[t]).to(torch.float16)).
     wgmma_order: each 256-value chunk of a row in wgmma_position's order (the gate/up of moe_mma's wgmma kernels);
-    down_order: in moe_triton.down_wgmma_position's (their down); GK a multiple of 256 for either."""
+    down_order: in down_wgmma_position's (their down); GK a multiple of 256 for either."""
     ordered = wgmma_order or down_order
     if x.dtype != torch.float32 or x.dim() != 2 or ordered and x.shape[1] % 256 or wgmma_order and down_order:
         raise ValueError(f"x_f16: expected float32 [T, GK]{' with GK % 256 == 0' if ordered else ''} and one order, "
