@@ -36,8 +36,8 @@ for the 43 Flash layers on the H200); eager steps ignore it. Inductor's combo ke
 independent small kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent
 launch (PDL) like the package's own kernels (plugins/kernels/pdl.py). With DS4_COMPILE_PREFILL=1 the prefill
 chunks run through the compiled blocks too (their kernels are custom ops like the steps'; each new chunk length
-compiles once): on an H100 at 28 layers a 2048-token chunk took 201-214 ms against 225-230 eager (BENCHMARKS.md, the
-fifty-sixth session), not yet the default.
+compiles once): on an H100 at 28 layers a 2048-token chunk took 201-214 ms in 4 of 5 runs against 225-230 eager in
+3 of 4 (BENCHMARKS.md, the fifty-sixth session), not yet the default.
 """
 
 from __future__ import annotations
