@@ -123,7 +123,7 @@ def _check_down(device, T, E, F, D, k, cap, seed, skew=False, apart=True, wg=Fal
     N(0, 1) per pair with a few rows 1e4 times larger or smaller and a few of mean 30 (there the run sums' lo parts
     matter to down_q2k). The wgmma kernel's values are float16 (the min term in them): each output within the bound
     of float16 values and h, all but the rows of mean 30 within TOL_F16, and those (30 sum w cancels most of their
-    terms) within twice it.""" 
+    terms) within twice it."""
     v, ids, _, (_, _, down) = _inputs(T, E, F, D, k, seed, skew)
     rng = np.random.default_rng(seed + 1)
     hv = rng.standard_normal((T * k, F)).astype(np.float32)
