@@ -28,7 +28,7 @@ zeros; the kernels' time does not depend on the values):
       against attend_long_triton over the whole compressed cache masked to those rows (timed eagerly);
   2d. the indexer's scores of a prefill block (index_score_long_triton: 256 queries, the 1040 compressed rows of
       a 4160-token cache + 513 of a 2048-token chunk) and the PyTorch index_score it replaces (timed eagerly);
-  2e. the hyper-connection reduction of a 2048-token prefill chunk (hc_pre_long_triton) and the PyTorch hc_pre
+  2e. the hyper-connection reduction of a 2048-token prefill chunk (hc_pre_long_triton) and the PyTorch hc_sum_streams
       it replaces (timed eagerly);
   2e'. the indexer's scores of a decode or verify step (index_score_triton: 64 heads of 128) over TOPK_ROWS
       compressed rows, T = 1, 2, 4;
@@ -674,9 +674,9 @@ def bench_index_long(bw: float, results: list, sweeps: list | None) -> None:
 
 
 def bench_hc_long(bw: float, results: list, sweeps: list | None) -> None:
-    """hc_pre_long_triton and model/hc.py hc_pre on a 2048-token prefill chunk at Flash width (4 streams of 4096);
-    eager medians (do_bench). Bytes: the streams read twice (products, weighted sum), fn, y written."""
-    from ds4trt.model.hc import hc_pre
+    """hc_pre_long_triton and model/hc.py hc_sum_streams on a 2048-token prefill chunk at Flash width (4 streams of
+    4096); eager medians (do_bench). Bytes: the streams read twice (products, weighted sum), fn, y written."""
+    from ds4trt.model.hc import hc_sum_streams
     gen = torch.Generator(device=DEV).manual_seed(9)
     T, S, M = 2048, 4, 24
     X = torch.randn(T, S, D, device=DEV, generator=gen)
@@ -684,7 +684,7 @@ def bench_hc_long(bw: float, results: list, sweeps: list | None) -> None:
     scale, base = torch.rand(3, device=DEV, generator=gen) + 0.5, torch.randn(M, device=DEV, generator=gen)
     nbytes = 2 * X.numel() * 4 + fn.numel() * 4 + T * D * 4
     for name, run in ((f"hc_pre_long T={T}", lambda: H.hc_pre_long_triton(X, fn, scale, base, 1e-6, 1e-6, 20)),
-                      (f"torch hc_pre T={T}", lambda: hc_pre(X, fn, scale, base, 1e-6, 1e-6, 20))):
+                      (f"torch hc_sum_streams T={T}", lambda: hc_sum_streams(X, fn, scale, base, 1e-6, 1e-6, 20))):
         guarded(name, results, lambda run=run, name=name: results.append(case(
             name, T, nbytes, do_bench(run, warmup=5, rep=100, return_mode="median"), bw, kind="hc_long")))
     for cfg in HC_LONG_SWEEP if sweeps is not None else ():

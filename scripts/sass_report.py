@@ -161,7 +161,7 @@ def main() -> int:
     for n in (1025, 16384):                            # its top-k: that step, and the most scores it takes
         for warps in args.topk_warps:
             report(f"top_rows_{n}_{warps}w", W.top_rows(n, warps=warps), math=False)
-    report("hc_dots", W.hc_dots(4, D))
+    report("hc_post_dots (no update)", W.hc_post_dots(4, D, update=False))
     report("hc_combine", W.hc_combine(4, D))
     report("hc_post_dots", W.hc_post_dots(4, D))
     cols = ("regs", "spills", "shared", "instructions", "loop") + tuple(o for o in sm90.OPCODES

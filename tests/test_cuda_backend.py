@@ -305,7 +305,8 @@ def test_prefill_queries_in_one_pass_are_the_float16_of_the_two_steps():
         cfg = m.cfg
         for T in (40, cuda.KERNEL_MAX_T):
             qn = (torch.randn(T, m.q_b.K, generator=g) * torch.logspace(-3, 3, T)[:, None]).to(DEVICE)
-            cos, sin = (c.float().to(DEVICE) for c in rope_cos_sin(m.freq, torch.arange(T) + 1000))
+            freq = engine.model.rope_freqs[m.ratio != 0].cpu()
+            cos, sin = (c.float().to(DEVICE) for c in rope_cos_sin(freq, torch.arange(T) + 1000))
             got = m.queries(qn, cos, sin)
             want = cuda.head_norm_rope_kernel(m.q_b(qn).reshape(T, cfg.n_head, cfg.head_dim), cos, sin, cfg.rms_eps)
             if T > cuda.KERNEL_MAX_T:

@@ -524,9 +524,9 @@ def test_q8_lm_head():
 
 @pytest.mark.parametrize("D", [96, 4096] if GPU else [96, 1056])
 def test_hc_pre_vs_float64(D):
-    """The fused hc_pre kernel against model/hc.py hc_pre in float64 on fresh random streams: D = 4096 is Flash
-    (32 programs of 512 inputs per token, 8 of 512 outputs), D = 96 leaves most programs without inputs, 1056 a
-    partial last step and a partial block of outputs."""
+    """The fused hc_pre kernels (the sublayer's RMS norm included) against model/hc.py hc_pre in float64 on fresh
+    random streams and norm weight: D = 4096 is Flash (32 programs of 128 dims per token, 8 of 512 outputs), D = 96
+    leaves most programs without dims, 1056 a partial last step and a partial block of outputs."""
     from ds4trt.model.hc import hc_pre
 
     g = torch.Generator().manual_seed(_seed("hc_pre", D))
@@ -535,9 +535,11 @@ def test_hc_pre_vs_float64(D):
         X = torch.randn(T, S, D, generator=g) * 2
         fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
         scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
-        want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
-        got = hc_triton.hc_pre_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6, 1e-6, 20)
-        for name, a, b in zip(("y", "post", "comb"), got, want):
+        norm = torch.rand(D, generator=g) + 0.5
+        want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20, norm.double())
+        got = hc_triton.hc_pre_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6, 1e-6, 20,
+                                      norm.to(DEVICE))
+        for name, a, b in zip(("u", "post", "comb"), got, want):
             assert a.shape == b.shape, name
             assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
 
@@ -739,7 +741,7 @@ def test_hc_pre_long_vs_float64(D):
     """The prefill chunks' hc_pre against model/hc.py hc_pre in float64 on fresh random streams of several
     magnitudes (tf32x3 keeps float32's range): T past a whole number of token blocks, D = 1056 a partial
     block of outputs; at LONG_CONFIG and a smaller shape."""
-    from ds4trt.model.hc import hc_pre
+    from ds4trt.model.hc import hc_sum_streams
 
     g = torch.Generator().manual_seed(_seed("hc_pre_long", D))
     S, M = 4, 24
@@ -747,7 +749,7 @@ def test_hc_pre_long_vs_float64(D):
     X = torch.randn(T, S, D, generator=g) * torch.logspace(-1, 3, T)[:, None, None]
     fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
     scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
-    want = hc_pre(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
+    want = hc_sum_streams(X.double(), fn.double(), scale.double(), base.double(), 1e-6, 1e-6, 20)
     for config in (None, (16, 32, 2, 4)):
         got = hc_triton.hc_pre_long_triton(X.to(DEVICE), fn.to(DEVICE), scale.to(DEVICE), base.to(DEVICE), 1e-6,
                                            1e-6, 20, config)
@@ -775,22 +777,27 @@ def test_hc_post_vs_float64(D):
 @pytest.mark.parametrize("D", [4096, 96] if GPU else [96, 1056])
 def test_hc_post_pre_vs_float64(D):
     """A decode / verify step's stream update fused with the next reduction against model/hc.py hc_post_pre in
-    float64 (fresh random f, X, post, comb; D = 96 leaves most programs without dims, 1056 a partial step of dims)."""
+    float64 (fresh random f, X, post, comb; D = 96 leaves most programs without dims, 1056 a partial step of dims);
+    f also as J = 7 terms (a decode step's routed slots and shared expert), which the kernel sums."""
     from ds4trt.model.hc import hc_post_pre
 
     g = torch.Generator().manual_seed(_seed("hc_post_pre", D))
     S, M = 4, 24
-    for T in (T_GPU if GPU else (1, 3)):
-        f, X = torch.randn(T, D, generator=g), torch.randn(T, S, D, generator=g) * 2
+    for T, J in [(T, J) for T in (T_GPU if GPU else (1, 3)) for J in (None, 7)]:
+        f = torch.randn(T, D, generator=g) if J is None else torch.randn(T, J, D, generator=g)
+        X = torch.randn(T, S, D, generator=g) * 2
         post, comb = torch.rand(T, S, generator=g) * 2, torch.rand(T, S, S, generator=g)
         fn = torch.randn(M, S * D, generator=g) / (S * D) ** 0.5
         scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(M, generator=g)
-        want = hc_post_pre(*(a.double() for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6, 20)
+        norm = torch.rand(D, generator=g) + 0.5
+        f_sum = f.double() if J is None else f.double().sum(dim=1)
+        want = hc_post_pre(f_sum, *(a.double() for a in (X, post, comb, fn, scale, base)), 1e-6, 1e-6, 20,
+                           norm.double())
         got = hc_triton.hc_post_pre_triton(*(a.to(DEVICE) for a in (f, X, post, comb, fn, scale, base)), 1e-6, 1e-6,
-                                           20)
-        for name, a, b in zip(("X", "y", "post", "comb"), got, want):
+                                           20, norm.to(DEVICE))
+        for name, a, b in zip(("X", "u", "post", "comb"), got, want):
             assert a.shape == b.shape, name
-            assert _rel(a, b) <= TOL, f"T = {T}, {name}: relative error {_rel(a, b):.2e}"
+            assert _rel(a, b) <= TOL, f"T = {T}, J = {J}, {name}: relative error {_rel(a, b):.2e}"
 
 
 # (H, d, T, K): Flash at a prefill block (256 queries; the raw window band, a masked run of compressed rows), a
@@ -1012,7 +1019,8 @@ def test_top_rows_refuses_long_rows():
 def test_hc_pre_refuses_long_steps():
     X = torch.zeros(hc_triton.MAX_T + 1, 4, 64, device=DEVICE)
     with pytest.raises(ValueError, match="hc_pre_triton: expected X float32"):
-        hc_triton.hc_pre_triton(X, torch.zeros(24, 256, device=DEVICE), torch.ones(3), torch.zeros(24), 1e-6, 1e-6, 20)
+        hc_triton.hc_pre_triton(X, torch.zeros(24, 256, device=DEVICE), torch.ones(3), torch.zeros(24), 1e-6, 1e-6, 20,
+                                torch.ones(64, device=DEVICE))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1151,9 +1159,9 @@ def test_every_variant_compiles_for_sm90():
             ks, ch, w = A.SMALL_CONFIG if K <= A.SMALL_KEYS else A.CONFIG
             ok(W.attend_part(K, ks, ch, w))
             ok(W.attend_join(K, ks, ch))
-        ok(W.hc_dots(4, 4096))
         ok(W.hc_combine(4, 4096))
         ok(W.hc_post_dots(4, 4096))
+        ok(W.hc_post_dots(4, 4096, update=False))
         ok(W.hc_post(4, 4096))
         ok(W.hc_dots_long(4, 4096, *W.hc_triton.LONG_CONFIG))
         ok(W.attend_long(A.LONG_CONFIG))

@@ -25,6 +25,14 @@ GATHER_T = 16       # steps of up to this many rows (decode, verify) attend over
 # rows when the cache holds more than top-k of them; longer ones over the whole cache, masked
 
 
+def step_rope(freqs: tuple[torch.Tensor, torch.Tensor], start: torch.Tensor, T: int,
+              dtype: torch.dtype) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """The RoPE tables of a step's positions start..start+T-1 for each of freqs (inv_freq's, on the step's device):
+    ((cos, sin) [T, n_rot/2] in dtype, ...). Made once a step: every layer of a kind rotates by the same ones."""
+    pos = start + torch.arange(T, device=start.device)
+    return tuple(tuple(c.to(dtype) for c in rope_cos_sin(f, pos)) for f in freqs)
+
+
 def indexer_needed(cfg: ModelConfig, end: int) -> bool:
     """Whether a step whose last token is at position end - 1 needs the ratio-4 layers' indexer: only when that token
     sees more than index_top_k of a layer's compressed rows (floor(end / 4) of them). Otherwise its top-k would keep
@@ -206,7 +214,6 @@ class Attention(nn.Module):
             g("attn_q_a_norm.weight"), lin("attn_q_b.weight")
         self.kv, self.kv_norm, self.sinks = lin("attn_kv.weight"), g("attn_kv_a_norm.weight"), g("attn_sinks.weight")
         self.out_a, self.out_b = lin("attn_output_a.weight", cfg.o_groups), lin("attn_output_b.weight")
-        self.freq = inv_freq(cfg, compressed=self.ratio != 0)
         if self.ratio:
             self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, lin("attn_compressor_kv.weight"),
                                          lin("attn_compressor_gate.weight"),
@@ -236,24 +243,26 @@ class Attention(nn.Module):
         self.kv_row = kv_row
         self.group = project_group
 
-    def forward(self, y: torch.Tensor, start: torch.Tensor, cache: LayerCache, indexer: bool = True):
-        """y: [T, D] HC-reduced input; start: 0-d int64 position of token 0; indexer: False when no token of the step
-        sees more than index_top_k compressed rows (indexer_needed): a ratio-4 layer then attends every visible one
-        without scoring them (the same rows). Returns a: [T, D] attention output, LayerRows proposed for the caches."""
+    def forward(self, u: torch.Tensor, start: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: LayerCache, indexer: bool = True):
+        """u: [T, D] the HC-reduced input RMS-normed with self.norm (HyperConnection.pre does it); start: 0-d int64
+        position of token 0; rope: this layer's RoPE (cos, sin) [T, n_rot/2] of the step's positions in u's type
+        (step_rope: made once a step for every layer of its kind);
+        indexer: False when no token of the step sees more than index_top_k compressed rows (indexer_needed): a
+        ratio-4 layer then attends every visible one without scoring them (the same rows). Returns a: [T, D] attention
+        output, LayerRows proposed for the caches."""
         cfg = self.cfg
-        T, H, d, W = y.shape[0], cfg.n_head, cfg.head_dim, cfg.window
-        pos = start + torch.arange(T, device=y.device)              # [T]
-        u = rms_norm(y, self.norm, cfg.rms_eps)
+        T, H, d, W = u.shape[0], cfg.n_head, cfg.head_dim, cfg.window
+        pos = start + torch.arange(T, device=u.device)              # [T]
         qa, kva, *uc = self.group(u, *self.u_projections)       # uc: the compressors' (and indexer's) products
         qn = rms_norm(qa, self.q_a_norm, cfg.rms_eps)            # [T, Lq]
-        # [T, n_rot/2] in the activations' type (apply_rope_tail's), made once for every rotation of the step
-        cos, sin = (c.to(y.dtype) for c in rope_cos_sin(self.freq, pos))
+        cos, sin = rope
         q = self.queries(qn, cos, sin)                                                   # [T, H, d]
         kv = self.kv_row(kva, self.kv_norm, cos, sin, cfg.rms_eps, "fp8" if self.ds4 else "none", cfg.n_nope)  # [T, d]
         rows = LayerRows(raw=kv)
 
         # raw window keys: the W-1 committed positions before `start`, then the T new rows
-        prev_pos = start - (W - 1) + torch.arange(W - 1, device=y.device)
+        prev_pos = start - (W - 1) + torch.arange(W - 1, device=u.device)
         raw_keys = torch.cat([cache.raw[torch.remainder(prev_pos, cache.raw.shape[0])], kv], dim=0)
         key_pos = torch.cat([prev_pos, pos])
         keys = [raw_keys]
@@ -270,7 +279,7 @@ class Attention(nn.Module):
             old_comp = cache.comp[:cfg.index_top_k] if R == 4 and not indexer else cache.comp           # [Kc, d]
             n_old = torch.div(start, R, rounding_mode="floor")
             emits = torch.remainder(pos + 1, R) == 0
-            old_vis = (torch.arange(old_comp.shape[0], device=y.device) < n_old)[None, :].expand(T, -1)     # [T, Kc]
+            old_vis = (torch.arange(old_comp.shape[0], device=u.device) < n_old)[None, :].expand(T, -1)     # [T, Kc]
             new_vis = emits[None, :] & (pos[None, :] <= pos[:, None])                      # [T, T]
             comp_new = rows.comp
             if T > QUERY_BLOCK:

@@ -11,8 +11,16 @@ from ds4trt.model.numerics import rms_norm
 
 
 def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-           rms_eps: float, hc_eps: float, sinkhorn_iters: int):
-    """Reduce S streams to one sublayer input.
+           rms_eps: float, hc_eps: float, sinkhorn_iters: int, norm: torch.Tensor):
+    """Reduce S streams to one sublayer input y (hc_sum_streams) and RMS-norm it with the sublayer's norm weight
+    (its first operation: attn_norm, ffn_norm). norm: [D] -> rms_norm(y, norm) [T, D], post [T, S], comb [T, S, S]"""
+    y, post, comb = hc_sum_streams(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    return rms_norm(y, norm, rms_eps), post, comb
+
+
+def hc_sum_streams(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                   rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """The mixer's weights of the S streams and their weighted sum y = sum_s pre[s] X[s].
 
     X: [T, S, D]; fn: [(2+S)*S, S*D]; scale: [3]; base: [(2+S)*S]
     returns y [T, D], post [T, S], comb [T, S, S] (comb[t, a, b]: source stream a -> destination b)
@@ -21,8 +29,7 @@ def hc_pre(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     n = rms_norm(X.reshape(T, S * D), None, rms_eps)
     m = n @ fn.T                                                    # [T, (2+S)*S]
     pre, post, comb = hc_mix(m, scale, base, S, hc_eps, sinkhorn_iters)
-    y = (pre[:, :, None] * X).sum(dim=1)
-    return y, post, comb
+    return (pre[:, :, None] * X).sum(dim=1), post, comb
 
 
 def hc_mix(m: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, S: int, hc_eps: float, sinkhorn_iters: int):
@@ -50,12 +57,13 @@ def hc_post(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Te
 
 
 def hc_post_pre(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
-                scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+                scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+                norm: torch.Tensor):
     """A sublayer's update of the streams (hc_post of its output f), then the next connection's reduction of them
-    (hc_pre with its fn, scale, base) -> X' [T, S, D], y [T, D], post [T, S], comb [T, S, S] (a backend may do both
-    in fewer passes over the streams)."""
+    (hc_pre with its fn, scale, base, norm) -> X' [T, S, D], the next sublayer's normed input [T, D], post [T, S],
+    comb [T, S, S] (a backend may do both in fewer passes over the streams)."""
     X = hc_post(f, X, post, comb)
-    return (X, *hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters))
+    return (X, *hc_pre(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm))
 
 
 def hc_collapse(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,

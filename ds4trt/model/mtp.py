@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from ds4trt.gguf_io import names as N
-from ds4trt.model.attention import _param
+from ds4trt.model.attention import _param, step_rope
 from ds4trt.model.hc import hc_collapse
 from ds4trt.model.linear import Linear
 from ds4trt.model.moe import RoutedExperts
@@ -47,7 +47,8 @@ class MTPHead(nn.Module):
         cfg, target = self.cfg, self.target[0]
         e = self.e_proj(rms_norm(target.embed[tokens], self.enorm, cfg.rms_eps))              # [T, D]
         hh = self.h_proj(rms_norm(h, self.hnorm, cfg.rms_eps))                                # [T, S, D]
-        X, rows = self.block(e[:, None, :] + hh, tokens, start, caches[0])
+        rope, = step_rope(target.rope_freqs[:1], start, tokens.shape[0], e.dtype)      # the plain RoPE
+        X, _, rows = self.block(e[:, None, :] + hh, tokens, start, rope, caches[0])
         return StepOutput(hc=X, rows=[rows])
 
     def forward(self, tokens: torch.Tensor, h: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ds4trt.model.attention import Attention, _param
+from ds4trt.model.attention import Attention, _param, step_rope
 from ds4trt.model.config import ModelConfig
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.hc import hc_collapse, hc_post, hc_post_pre, hc_pre
 from ds4trt.model.moe import RoutedExperts, route, shared_expert
 from ds4trt.model.numerics import rms_norm
+from ds4trt.model.rope import inv_freq
 from ds4trt.model.state import LayerCache, LayerRows
 from ds4trt.gguf_io import names as N
 
@@ -42,10 +43,11 @@ class FeedForward(nn.Module):
                                                   for s in ("gate", "up", "down"))
         self.both_experts = self.routed_plus_shared     # a backend may set one call computing both
 
-    def forward(self, y: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """y: [T, D], tokens: [T] -> [T, D]"""
+    def forward(self, v: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """v: [T, D] the input, RMS-normed with self.norm (HyperConnection.pre does it), tokens: [T] -> [T, D]. A
+        backend's both_experts may return the [T, J, D] terms of the sum instead where its hyper-connection functions
+        (HyperConnection.post, pre_after: the only consumers) sum them."""
         cfg = self.cfg
-        v = rms_norm(y, self.norm, cfg.rms_eps)
         ids, weights = self.route(self.gate_inp(v), self.bias, self.tid2eid, tokens, cfg.n_expert_used,
                                   cfg.expert_weight_scale)
         return self.both_experts(v, ids, weights)
@@ -66,19 +68,20 @@ class HyperConnection(nn.Module):
         self.fn, self.scale, self.base = _param(w(prefix + "_fn.weight")), _param(w(prefix + "_scale.weight")), \
             _param(w(prefix + "_base.weight"))
 
-    def pre(self, X):
+    def pre(self, X, norm):
+        """X [T, S, D], norm [D] the sublayer's input norm -> its normed input [T, D], post, comb (hc_pre)"""
         c = self.cfg
-        return self.reduce(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters)
+        return self.reduce(X, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps, c.sinkhorn_iters, norm)
 
     def post(self, f, X, post, comb):
         return self.combine(f, X, post, comb)
 
-    def pre_after(self, f, X, post, comb):
+    def pre_after(self, f, X, post, comb, norm):
         """The streams updated by the sublayer before (its output f, its connection's post and comb), then this
-        connection's pre of them -> X', y, post', comb'."""
+        connection's pre of them -> X', the sublayer's normed input, post', comb'."""
         c = self.cfg
         return self.update_reduce(f, X, post, comb, self.fn, self.scale, self.base, c.rms_eps, c.hc_eps,
-                                  c.sinkhorn_iters)
+                                  c.sinkhorn_iters, norm)
 
 
 class Block(nn.Module):
@@ -93,13 +96,25 @@ class Block(nn.Module):
         self.hc_ffn = HyperConnection(cfg, w, prefix + "hc_ffn")
         self.ffn = FeedForward(cfg, weights, prefix, hash_routed, experts, linear)
 
-    def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, cache: LayerCache,
-                indexer: bool = True):
-        """X: [T, S, D] -> [T, S, D], LayerRows (indexer: Attention.forward's)"""
-        y, post, comb = self.hc_attn.pre(X)
-        a, rows = self.attn(y, start, cache, indexer)
-        X, y, post, comb = self.hc_ffn.pre_after(a, X, post, comb)            # hc_attn.post, then hc_ffn.pre
-        return self.hc_ffn.post(self.ffn(y, tokens), X, post, comb), rows
+    def forward(self, X: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, rope: tuple, cache: LayerCache,
+                indexer: bool = True, pending: tuple | None = None, last: bool = True):
+        """X: [T, S, D] streams -> X', pending', LayerRows (rope, indexer: Attention.forward's).
+        pending: the previous block's update of X not yet made (its FFN output f and its connection's post and comb),
+        made here together with this block's first reduction (hc_attn.pre_after); None: X is up to date.
+        last: X' is this block's output streams and pending' None; otherwise X' is the streams before this block's
+        own update, left pending for the next block (a backend then makes each update and the next reduction in fewer
+        passes over the streams)."""
+        if pending is None:
+            u, post, comb = self.hc_attn.pre(X, self.attn.norm)
+        else:
+            f, prev_post, prev_comb = pending                                        # hc_ffn.post before, hc_attn.pre
+            X, u, post, comb = self.hc_attn.pre_after(f, X, prev_post, prev_comb, self.attn.norm)
+        a, rows = self.attn(u, start, rope, cache, indexer)
+        X, v, post, comb = self.hc_ffn.pre_after(a, X, post, comb, self.ffn.norm)   # hc_attn.post, then hc_ffn.pre
+        f = self.ffn(v, tokens)
+        if last:
+            return self.hc_ffn.post(f, X, post, comb), None, rows
+        return X, (f, post, comb), rows
 
 
 @dataclass
@@ -125,17 +140,25 @@ class Transformer(nn.Module):
         self.head_fn, self.head_scale, self.head_base = _param(w(N.OUTPUT_HC_FN)), _param(w(N.OUTPUT_HC_SCALE)), \
             _param(w(N.OUTPUT_HC_BASE))
         self.out_norm, self.output = _param(w(N.OUTPUT_NORM)), linear(weights, N.OUTPUT)
+        self.rope_freqs = (inv_freq(cfg, compressed=False), inv_freq(cfg, compressed=True))   # step_rope's, float64
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
              indexer: bool = True) -> StepOutput:
         """tokens: [T] int64 at positions start..start+T-1; caches: read only; indexer: False only where
         attention.indexer_needed(cfg, start + T) is False (the same result without the indexer's work)."""
-        X = self.embed[tokens][:, None, :].repeat(1, self.cfg.n_hc, 1)     # same embedding in every stream
-        rows = []
-        for block, cache in zip(self.blocks, caches):
-            X, r = block(X, tokens, start, cache, indexer)
+        X, ropes = self.step_inputs(tokens, start)
+        rows, pending = [], None
+        for i, (block, cache) in enumerate(zip(self.blocks, caches)):
+            rope = ropes[block.attn.ratio != 0]
+            X, pending, r = block(X, tokens, start, rope, cache, indexer, pending, last=i == len(self.blocks) - 1)
             rows.append(r)
         return StepOutput(hc=X, rows=rows)
+
+    def step_inputs(self, tokens: torch.Tensor, start: torch.Tensor):
+        """The step's first streams X [T, S, D] (each token's embedding in every stream) and RoPE tables (step_rope:
+        the plain layers', then the compressed layers'), made once a step (a backend may compile this too)."""
+        X = self.embed[tokens][:, None, :].repeat(1, self.cfg.n_hc, 1)
+        return X, step_rope(self.rope_freqs, start, tokens.shape[0], X.dtype)
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, caches: list[LayerCache], last_only: bool = False,
                 indexer: bool = True):

@@ -184,17 +184,12 @@ def attend_top(config: tuple[int, ...], H: int = 64, D: int = 512, k: int = 512)
                                           PARTS=parts, num_warps=warps, num_stages=stages, grid=(1,))
 
 
-def hc_dots(S: int, D: int):
-    H = hc_triton
-    return H._hc_dots.warmup(F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, KC=S * D // H.SPLITS, KB=H.KB,
-                             num_warps=4, **LAUNCH)
-
-
-def hc_post_dots(S: int, D: int):
+def hc_post_dots(S: int, D: int, update: bool = True):
+    """with the update of a decode step's FFN output (J = 7 terms), or without (the first block's reduction)"""
     H = hc_triton
     dc, db = H.post_dots_shape(S, D)
     return H._hc_post_dots.warmup(F32, F32, F32, F32, F32, F32, F32, S=S, D=D, MP=32, SPLITS=H.SPLITS, DC=dc, DB=db,
-                                  num_warps=4, **LAUNCH)
+                                  J=7 if update else 1, UPDATE=update, num_warps=4, **LAUNCH)
 
 
 def hc_dots_long(S: int, D: int, bt: int, bk: int, splits: int, warps: int):
@@ -211,5 +206,5 @@ def hc_post(S: int, D: int):
 
 def hc_combine(S: int, D: int):
     H = hc_triton
-    return H._hc_combine.warmup(F32, F32, F32, F32, F32, F32, F32, F32, F32, 1e-6, 1e-6, ITERS=20, S=S, D=D, MP=32,
-                                SPLITS=H.SPLITS, DY=H.DY, num_warps=1, **LAUNCH)
+    return H._hc_combine.warmup(F32, F32, F32, F32, F32, F32, F32, F32, F32, F32, 1e-6, 1e-6, ITERS=20, S=S, D=D,
+                                MP=32, SPLITS=H.SPLITS, DY=H.DY, NORM=True, num_warps=1, **LAUNCH)

@@ -11,12 +11,12 @@ compressors and indexer -> F16Linear (float16, f16_triton); other F16/F32 tensor
 Prefill chunks (more rows than the kernels take) multiply on the float16 tensor cores (project_f16, ~3e-4
 relative): a Q8_0 weight made float16 one at a time by one kernel from its blocks (q8_triton.dequant_f16, 3 bytes
 of traffic per weight value, no float32 copy), an F16 one as it is.
-The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum) runs as
-two kernels (hc_triton.hc_pre_triton) in decode and verify steps, and after the attention with its update of the
-streams in the first (hc_post_pre_triton); their attention and its output's inverse RoPE as
-two (attn_triton), the indexer's scores as one (index_triton); in every step the raw KV row and each compressor's rows
-(rows_triton), the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries (qat_triton, bitwise
-PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
+The hyper-connections' reduction of the streams (norm, mixer products, Sinkhorn mixing, weighted sum, the
+sublayer's RMS norm) runs as two kernels (hc_triton.hc_pre_triton) in decode and verify steps, and after each
+sublayer with its update of the streams in the first (hc_post_pre_triton); the attention and its output's inverse
+RoPE as two (attn_triton), the indexer's scores as one (index_triton); in every step the raw KV row and each
+compressor's rows (rows_triton), the queries' norm and RoPE (rope_triton) and the rounding of the indexer's queries
+(qat_triton, bitwise PyTorch's) are one kernel each; a prefill chunk's attention, indexer scores and stream update
 too (attend_long_triton, or attend_top_triton over each query's own top rows once the indexer runs,
 index_score_long_triton, hc_post_triton: float16 parts on the tensor cores).
 No float copy of a quantized weight is kept.
@@ -29,10 +29,11 @@ commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run 
 Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
-Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks) for the graphed shapes: one compiled variant
-per block kind, step length and indexer flag (each bound is the same compiled code: the compressed caches' row
-count is a dynamic dimension), compiled in the warm-up or on first use (about a minute per step length
-for the 43 Flash layers on the H200); eager steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch
+Sinkhorn loop, norms, RoPE, rounding, compressors, indexer, masks), the head and the step's inputs (embedding, RoPE
+tables) for the graphed shapes: one compiled variant per block kind (the first and last blocks' too), step length
+and indexer flag (each bound is the same compiled code: the compressed caches' row count is a dynamic dimension),
+compiled in the warm-up or on first use (about a minute per step length for the 43 Flash layers on the H200); eager
+steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch
 independent small kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent
 launch (PDL) like the package's own kernels (plugins/kernels/pdl.py). With DS4_COMPILE_PREFILL=1 the prefill
 chunks run through the compiled blocks too (their kernels are custom ops like the steps'; each new chunk length
@@ -56,7 +57,7 @@ from ds4trt.model.attention import Attention, Compressor, attend_by_query_blocks
 from ds4trt.model.hc import hc_post
 from ds4trt.model.linear import Linear, project_group
 from ds4trt.model.moe import WEIGHT_SUM_FLOOR, route
-from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat
+from ds4trt.model.numerics import FP4_BLOCK, FP4_MIN_AMAX, indexer_qat, rms_norm
 from ds4trt.model.mtp import MTPHead
 from ds4trt.model.transformer import FeedForward, HyperConnection, Transformer
 from ds4trt.model.weights import load_mtp, load_target
@@ -129,25 +130,26 @@ def _(v, ids, weights, gate_blocks, up_blocks, down_blocks, gate_type, up_type, 
 
 @torch.library.custom_op("ds4trt::hc_pre", mutates_args=())
 def hc_pre_op(X: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
-              hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return hc_triton.hc_pre_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+              hc_eps: float, sinkhorn_iters: int,
+              norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_pre_triton(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm)
 
 
 @hc_pre_op.register_fake
-def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm):
     T, S, D = X.shape
     return X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
 
 
 @torch.library.custom_op("ds4trt::hc_post_pre", mutates_args=())
 def hc_post_pre_op(f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
-                   scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float,
-                   sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return hc_triton.hc_post_pre_triton(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+                   scale: torch.Tensor, base: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+                   norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return hc_triton.hc_post_pre_triton(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm)
 
 
 @hc_post_pre_op.register_fake
-def _(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
+def _(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm):
     T, S, D = X.shape
     return X.new_empty(T, S, D), X.new_empty(T, D), X.new_empty(T, S), X.new_empty(T, S, S)
 
@@ -371,13 +373,14 @@ def qat_kernel(x):
     return indexer_qat_op(x, min(FP4_BLOCK, x.shape[-1]), FP4_MIN_AMAX)
 
 
-def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
-    """model/hc.py hc_pre on this backend: one fused kernel for steps of up to hc_triton.MAX_T tokens (decode,
-    verify, draft), else the prefill chunks' two (tf32x3 tensor-core products of blocks of tokens, then the mixing
-    and the weighted sum)."""
+def hc_reduce(X, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int, norm):
+    """model/hc.py hc_pre on this backend: two kernels for steps of up to hc_triton.MAX_T tokens (decode, verify,
+    draft; the sublayer's RMS norm in the second), else the prefill chunks' two (tf32x3 tensor-core products of blocks
+    of tokens, then the mixing and the weighted sum) and the norm in PyTorch."""
     if X.shape[0] <= hc_triton.MAX_T:
-        return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
-    return hc_pre_long_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+        return hc_pre_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm)
+    y, post, comb = hc_pre_long_op(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+    return rms_norm(y, norm, rms_eps), post, comb
 
 
 @torch.library.custom_op("ds4trt::hc_pre_long", mutates_args=())
@@ -394,7 +397,9 @@ def _(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters):
 
 def hc_combine(f, X, post, comb):
     """model/hc.py hc_post on this backend: the PyTorch version for steps of up to FUSED_MAX_T tokens, else one
-    kernel (prefill chunks)."""
+    kernel (prefill chunks). f: [T, D], or the [T, J, D] terms of a decode step's FFN output (ExpertsAndShared)."""
+    if f.dim() == 3:
+        f = f.sum(dim=1)
     if X.shape[0] <= FUSED_MAX_T:
         return hc_post(f, X, post, comb)
     return hc_post_op(f, X, post, comb)
@@ -410,13 +415,14 @@ def _(f, X, post, comb):
     return torch.empty_like(X)
 
 
-def hc_update_reduce(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int):
+def hc_update_reduce(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, sinkhorn_iters: int, norm):
     """model/hc.py hc_post_pre on this backend: two kernels for steps of up to hc_triton.MAX_T tokens (the update
-    and the reduction's products in one), else hc_combine then hc_reduce (prefill chunks)."""
+    and the reduction's products in one; f may be the [T, J, D] terms of the FFN output, which the first sums), else
+    hc_combine then hc_reduce (prefill chunks)."""
     if X.shape[0] <= hc_triton.MAX_T:
-        return hc_post_pre_op(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
+        return hc_post_pre_op(f, X, post, comb, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm)
     X = hc_combine(f, X, post, comb)
-    return (X, *hc_reduce(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters))
+    return (X, *hc_reduce(X, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm))
 
 
 class Q8Linear(nn.Module):
@@ -613,7 +619,9 @@ class ExpertsAndShared:
     """model/transformer.py FeedForward.both_experts on this backend, for a Q8_0 shared expert: in one-token steps
     (decode, draft) its gate and up run as one Q8_0 launch (LinearGroup's arrays), its SwiGLU in the routed experts'
     first launch and its down product inside their down launch (moe_triton's `shared`: a launch and a glue kernel
-    fewer per layer); longer steps compute the two apart (FeedForward.routed_plus_shared)."""
+    fewer per layer), and the k + 1 terms are returned unsummed, for the hyper-connection kernel that takes the FFN's
+    output to sum them (hc_update_reduce; hc_combine sums them itself); longer steps compute the two apart
+    (FeedForward.routed_plus_shared)."""
 
     def __init__(self, ffn: FeedForward):
         self.experts, self.down = ffn.experts, ffn.sh_down
@@ -631,14 +639,13 @@ class ExpertsAndShared:
             and [(kernel, members) for kernel, members, _, _ in ffn.group.fused] == [("q8", [0, 1])]
 
     def __call__(self, v: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """v: [T, D]; ids, weights: [T, k] -> [T, D]"""
+        """v: [T, D]; ids, weights: [T, k] -> [T, D], or its [1, k + 1, D] terms when T = 1"""
         if v.shape[0] != 1:
             return self.apart(v, ids, weights)
         gu = q8_matmul_op(v, *self.gate_up, self.K, 1)                          # [1, 2F]: the gate's, then the up's
         e = self.experts
-        y = moe_with_shared_op(v, ids, weights, e.gate_blocks, e.up_blocks, e.down_blocks, *e.types, e.clamp, gu,
-                               self.down.quants, self.down.scales)
-        return y.sum(dim=1)                                                         # [1, k + 1, D] -> [1, D]
+        return moe_with_shared_op(v, ids, weights, e.gate_blocks, e.up_blocks, e.down_blocks, *e.types, e.clamp, gu,
+                                  self.down.quants, self.down.scales)                # [1, k + 1, D]: terms of [1, D]
 
 
 def to_device(model: nn.Module, device) -> nn.Module:
@@ -678,6 +685,8 @@ def to_device(model: nn.Module, device) -> nn.Module:
                 m.both_experts = ExpertsAndShared(m)
         if isinstance(getattr(m, "freq", None), torch.Tensor):
             m.freq = m.freq.to(device)
+        if isinstance(m, Transformer):
+            m.rope_freqs = tuple(f.to(device) for f in m.rope_freqs)
     return model
 
 
@@ -801,6 +810,8 @@ def compile_blocks(*models: nn.Module, options: dict | None = None) -> None:
         for b in (m.blocks if hasattr(m, "blocks") else [m.block]):
             b.compile(fullgraph=True, dynamic=False, options=options)
         m.head = torch.compile(m.head, fullgraph=True, dynamic=False, options=options)
+        if isinstance(m, Transformer):        # the embedding and RoPE tables: one kernel instead of ~12 a step
+            m.step_inputs = torch.compile(m.step_inputs, fullgraph=True, dynamic=False, options=options)
 
 
 def resident_bytes(weights) -> int:
