@@ -157,12 +157,15 @@ def _hc_combine(x_ptr, part_ptr, m_ptr, scale_ptr, base_ptr, norm_ptr, y_ptr, pr
     y[t, c*DY .. c*DY+DY-1] (its stream values loaded first, so that their latency overlaps the mixing), y = sum_s
     pre[s] X[s]. NORM (the partials hold the streams' Gram matrix G, _hc_post_dots): rms_norm(y, norm) instead, the
     sum of squares of the token's whole y being pre G pre (sum over a, b of pre[a] G[a, b] pre[b]), so that no
-    program needs the others' y."""
-    pdl_enter(PDL)
+    program needs the others' y. The norm weight is loaded before the wait for the previous kernel (no kernel of a
+    step writes it)."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     i = tl.arange(0, S)
     d = c * DY + tl.arange(0, DY)
+    if NORM:
+        wn = tl.load(norm_ptr + d, mask=d < D, other=0.0)
+    pdl_enter(PDL)
     xs = tl.load(x_ptr + t.to(tl.int64) * (S * D) + i[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0)
     PR: tl.constexpr = MP + 1 + (S * S if NORM else 0)                      # a partials row
     j = tl.arange(0, MP)
@@ -183,7 +186,7 @@ def _hc_combine(x_ptr, part_ptr, m_ptr, scale_ptr, base_ptr, norm_ptr, y_ptr, pr
     y = tl.sum(xs * pre[:, None], axis=0)
     if NORM:
         ysq = tl.sum(tl.sum(gram * pre[:, None] * pre[None, :], axis=1), axis=0)
-        y = y * tl.rsqrt(ysq / D + rms_eps) * tl.load(norm_ptr + d, mask=d < D, other=0.0)
+        y = y * tl.rsqrt(ysq / D + rms_eps) * wn
     tl.store(y_ptr + t * D + d, y, mask=d < D)
 
 
