@@ -41,8 +41,10 @@ from ds4trt.plugins.kernels.pdl import pdl_enter, pdl_launch
 MAX_T = 16              # hc_pre_triton's token limit (decode and verify steps, where the launches count)
 SPLITS = 32             # programs per token of the products, each over S*D/SPLITS inputs
 # stream values per step of _hc_post_dots (S * DB): at Flash width a program's 128 dims of 4 streams in one step, so
-# every load is issued before the math (sm_90: 2 steps of 64 dims with the Gram matrix interleaved the second step's
-# loads with the first's products and took 6.0 us against 4.0 in a decode step, H100, BENCHMARKS.md)
+# that sm_90's code issues every load before the math. In 2 steps of 64 dims (with the Gram matrix) the one-term
+# variant's code issued the second step's loads among the first step's products: 6.0 us a call in a decode step
+# against 4.0 for the 7-term variant, whose code issued them all first (H100, no PDL; BENCHMARKS.md, fifty-eighth
+# session). The one-step kernel was not traced per call; the decode step it gave was timed.
 KB = 512
 DY = 512                # outputs y per program of the combination
 # (tokens BT, inputs per step BK, splits, warps) of _hc_dots_long (sm_90: 173 registers, no spills; BK = 128 spills)
