@@ -302,10 +302,11 @@ def _reduced(f, X, post, comb, fn, scale, base, rms_eps: float, hc_eps: float, i
     update = f is not None
     if update:
         f, post, comb = f.contiguous(), post.contiguous(), comb.contiguous()
-    _hc_post_dots[(T, SPLITS)](f if update else X, X, post if update else X, comb if update else X, fn.contiguous(),
-                               Xn if update else X, part, S=S, D=D, MP=MP, SPLITS=SPLITS, DC=dc, DB=db,
-                               J=f.shape[1] if update and f.dim() == 3 else 1, UPDATE=update, num_warps=4, **pdl)
-    return _combined(Xn if update else X, part, scale, base, rms_eps, hc_eps, iters, pdl, norm)
+    else:
+        f = post = comb = Xn = X                 # stand-ins: the kernel uses none of the four without the update
+    _hc_post_dots[(T, SPLITS)](f, X, post, comb, fn.contiguous(), Xn, part, S=S, D=D, MP=MP, SPLITS=SPLITS, DC=dc,
+                               DB=db, J=f.shape[1] if update and f.dim() == 3 else 1, UPDATE=update, num_warps=4, **pdl)
+    return _combined(Xn, part, scale, base, rms_eps, hc_eps, iters, pdl, norm)
 
 
 def _combined(X: torch.Tensor, part: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
