@@ -15,14 +15,15 @@ products, Sinkhorn mixing, weighted sum, the sublayer's RMS norm) and, for prefi
 
 The mixing (_mix) keeps a token's S x S matrix in registers for all the Sinkhorn iterations (the eager PyTorch
 version is about 2 * iters small kernels, ~40 launches per call).
-hc_pre: the RMS norm of the S*D stream values, their products with the (2+S)*S rows of fn, the mixing, the
-weighted sum y = sum_s pre[s] X[s] and the sublayer's RMS norm of y were 8 kernels in a compiled decode step (~16.5
-us, most of it launch gaps). Here two: _hc_post_dots splits the D dims of a token's streams over SPLITS programs (fn
-is 1.5 MB in float32 at Flash width: one SM would need ~10 us to read it), each storing its partial products, sum of
-squares and the streams' S x S Gram matrix over its dims; _hc_combine, one warp per DY outputs, adds the partials in
-split order (deterministic), mixes (each of a token's programs alike: the mixing is a chain of ~40 small reductions,
-fastest in one warp) and writes its part of rms_norm(y, norm): the norm's sum of squares over the whole of y is pre G
-pre (G the Gram matrix), so no program waits for the others' y.
+hc_pre: the RMS norm of the S*D stream values, their products with the (2+S)*S rows of fn, the mixing and the
+weighted sum y = sum_s pre[s] X[s] were 7 kernels in a compiled decode step (~14.5 us, most of it launch gaps), and
+the sublayer's RMS norm of y one more (Inductor's, 2.1-2.3 us on an H100). Here two: _hc_post_dots splits the D
+dims of a token's streams over SPLITS programs (fn is 1.5 MB in float32 at Flash width: one SM would need ~10 us to
+read it), each storing its partial products, sum of squares and the streams' S x S Gram matrix over its dims;
+_hc_combine, one warp per DY outputs, adds the partials in split order (deterministic), mixes (each of a token's
+programs alike: the mixing is a chain of ~40 small reductions, fastest in one warp) and writes its part of
+rms_norm(y, norm): the norm's sum of squares over the whole of y is pre G pre (G the Gram matrix), so no program waits
+for the others' y.
 rms_norm(X) @ fn.T = rsqrt(mean(X^2) + eps) * (X @ fn.T): the scale is applied to the sums.
 _hc_dots_long, for prefill chunks, computes the same partials (without G) for a block of BT tokens per program on the
 tensor cores in "tf32x3" (each float32 operand as two tf32 parts, three products: ~2^-22 relative, float32's range,
