@@ -169,12 +169,12 @@ def test_q8_mma_replays_from_a_cuda_graph():
 
 @gpu_only
 def test_q8_matmul_dispatches_where_q8_mma_is_faster(monkeypatch):
-    """With DS4_Q8_MMA=auto q8_triton.q8_matmul sends a call here (the bits of q8_mma_matmul) where `faster` says: 5
-    rows of x, or 2 of a weight 4096 wide and deep; it keeps _q8_rows for one row and for 2 rows of a narrower weight.
-    DS4_Q8_MMA=1 sends every call here, DS4_Q8_MMA=0 none; unset, DEFAULT_MODE decides."""
+    """With DS4_Q8_MMA=auto q8_triton.q8_matmul sends a call here (the bits of q8_mma_matmul) where `faster` says: 2
+    or more rows of x, of any weight; it keeps _q8_rows for one row. DS4_Q8_MMA=1 sends every call here, DS4_Q8_MMA=0
+    none; unset, DEFAULT_MODE decides."""
     rng = np.random.default_rng(_seed("mma dispatch"))
-    for (N, K), T, here in (((512, 1024), 5, True), ((512, 1024), 2, False), ((4096, 4096), 2, True),
-                            ((4096, 4096), 1, False), ((8192, 2048), 4, False)):
+    for (N, K), T, here in (((512, 1024), 5, True), ((512, 1024), 2, True), ((512, 1024), 1, False),
+                            ((4096, 4096), 2, True), ((4096, 4096), 1, False), ((8192, 2048), 4, True)):
         quants, scales = q8_triton.split_q8(torch.from_numpy(random_q8_0(rng, N, K, 1 / K ** 0.5)).cuda(), N, K)
         x = torch.randn(T, K, device="cuda")
         mma = q8_mma.q8_mma_matmul(x, quants, scales, K)

@@ -14,7 +14,8 @@ subtractions whatever T is (up to 8; 16 with two x tiles), and the weights reach
 by the tensor cores and the block scales applied in float32: ~1e-6 relative, inside the 1e-5 of the float32 kernels.
 
 q8_triton.q8_matmul sends a call here where it was measured faster (`use_mma`, `faster`; DS4_Q8_MMA=auto, the
-default): verify steps' wide products and every product of 5 or more rows; decode steps (T = 1) keep _q8_rows.
+default): every product of 2 or more rows (verify steps, prefill chunks of up to 16 tokens); decode steps (T = 1) keep
+_q8_rows.
 Built and launched by cuda_launch (NVRTC, the CUDA driver on PyTorch's current stream). Triton is imported only by the
 launching functions (q8_triton's layout helpers and counters, pdl.py), so that compile_cubin runs where only NVRTC is
 installed (the offline check).
@@ -51,23 +52,24 @@ SWEEP = ((4, 1, False, 264), (4, 1, False, 528), (8, 2, False, 264), (2, 2, Fals
 DEFAULT_MODE = "auto"
 
 
-def use_mma(x: torch.Tensor, N: int, K: int, groups: int) -> bool:
+def use_mma(x: torch.Tensor, N: int, groups: int) -> bool:
     """Whether q8_matmul sends x's rows here: a CUDA tensor on a GPU the kernel runs on (cuda_launch.runs_on),
-    T <= MAX_T, groups of whole 16-row tiles, and DS4_Q8_MMA (else DEFAULT_MODE): "auto", T and the weight where it
-    was measured faster than _q8_rows (`faster`); "1", every such call; "0", none."""
+    T <= MAX_T, groups of whole 16-row tiles (N rows in `groups` groups), and DS4_Q8_MMA (else DEFAULT_MODE): "auto",
+    the T where it was measured faster than _q8_rows (`faster`); "1", every such call; "0", none."""
     mode = os.environ.get("DS4_Q8_MMA", DEFAULT_MODE)
     return (mode in ("auto", "1") and x.is_cuda and x.shape[0] <= MAX_T and (N // groups) % 16 == 0
-            and (mode == "1" or faster(x.shape[0], N, K)) and cuda_launch.runs_on(x.device))
+            and (mode == "1" or faster(x.shape[0])) and cuda_launch.runs_on(x.device))
 
 
-def faster(T: int, N: int, K: int) -> bool:
-    """Where this kernel beat _q8_rows (`python3 scripts/bench_kernels.py --cases q8_mma`, H100, 2026-12-05): from 5
-    rows of x on at every Flash shape (attn_q_b 35.8 -> 24.7 us at T = 5, the LM head 541 -> 231), and from 2 rows on
-    for weights at least 4096 wide and deep (N all rows, K the values of one group), where _q8_rows' extra FMA work
-    per row of x shows first (attn_output_a 23.1 -> 21.5 us at T = 2, the LM head 270 -> 212); not at T = 1 (the LM
-    head 205 against 206, attn_q_b 14.5 against 19.8), nor at T = 2..4 for the narrower projections (attn_q_b 18.3
-    against 20.8 at T = 2)."""
-    return T >= 5 or (T >= 2 and N >= 4096 and K >= 4096)
+def faster(T: int) -> bool:
+    """Where this kernel beats _q8_rows: from 2 rows of x on, at every Flash shape (`python3 scripts/bench_kernels.py
+    --cases q8_mma --sweep-t 1,2,3,4`, H100, 2026-12-07, us, q8_mma against _q8_rows at T = 2 / 3 / 4: attn_q_b 17.0 /
+    17.9 / 18.6 against 17.9 / 22.2 / 23.8, attn_q_a 5.6 / 7.1 / 6.8 against 6.4 / 8.2 / 8.4, the shared expert's
+    down 7.1 / 7.6 / 8.0 against 8.1 / 8.9 / 9.3, attn_output_a 17.5 / 18.3 / 18.9 against 22.7 / 26.8 / 28.4; the one
+    exception, attn_kv alone at T = 2, 5.2 against 4.8, never runs alone: LinearGroup joins it to attn_q_a); not at
+    T = 1 (attn_q_b 16.2 against 13.3, attn_output_b 17.1 against 14.7). Until then the narrower projections (N or K
+    under 4096) kept _q8_rows up to T = 4 (BENCHMARKS.md, the forty-second session)."""
+    return T >= 2
 
 
 def launch_config(N: int, groups: int) -> tuple:

@@ -367,7 +367,7 @@ def q8_matmul(x: torch.Tensor, quants: torch.Tensor, scales: torch.Tensor, K: in
     programs: K is split until there are that many[, prefetch]]) of every launch, overriding rows_config (sweeps).
     With no config, CUDA calls go to the tensor-core kernel instead where q8_mma.use_mma says (DS4_Q8_MMA)."""
     x, quants, scales, out = call_operands("q8_matmul", x, quants, scales, K, groups, out)
-    if config is None and q8_mma.use_mma(x, quants.shape[0], K, groups):
+    if config is None and q8_mma.use_mma(x, quants.shape[0], groups):
         return q8_mma.launch(x, quants, scales, K, groups, out)
     T, N = out.shape
     rows_per_group = N // groups
