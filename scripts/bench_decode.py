@@ -23,8 +23,9 @@ Measured (median of --repeats, CUDA events around run + commit, so host work bet
            read by the host, as ds4-run runs them; synthetic MTP weights with Q4_K experts, random target states),
            and the cycle's cost (N drafts + verify of N + 1) in decode steps: the tokens a cycle must keep on
            average to beat plain decoding
-  prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run
-           eagerly), with the peak device memory of each
+  prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run without
+           graphs, with --compile and DS4_COMPILE_PREFILL=1 those of the backend's PREFILL_CHUNK tokens through the
+           compiled blocks), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
 one embedding row per token; the visible cache rows; no indexer query weights or rows for steps that need no
 indexer, attention.indexer_needed: a decode below position 2048), the floor = bytes / measured copy bandwidth, and the

@@ -482,18 +482,25 @@ def test_tiny_long_prefill_eager_kernels_match_cpu(numerics, query_block, monkey
 @gpu_only
 @pytest.mark.parametrize("query_block", [None, 20])
 def test_tiny_long_prefill_compiled_matches_cpu(query_block, monkeypatch):
-    """DS4_COMPILE_PREFILL=1 with compile=True: the 44-token chunk above runs through the compiled blocks, its
-    kernels custom ops (with queries in blocks of 20, Attention.attend_chunk's op writes three blocks' rows), and the
-    tokens are the CPU's (numerics float, as test_tiny_greedy_compiled_graphs_match_cpu)."""
+    """DS4_COMPILE_PREFILL=1 with compile=True, the backend's whole chunks made 44 tokens long: the 44-token chunk
+    above runs through the compiled blocks (GraphedSteps.compiles says so), its kernels custom ops (with queries in blocks of 20,
+    Attention.attend_chunk's op writes three blocks' rows), and the tokens are the CPU's (numerics float, as
+    test_tiny_greedy_compiled_graphs_match_cpu)."""
     from ds4trt.model import attention
 
     if query_block:
         monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
     monkeypatch.setenv("DS4_COMPILE_PREFILL", "1")
+    monkeypatch.setattr(cuda, "PREFILL_CHUNK", 2 * len(PROMPT))
+    asked = []
+    compiles = cuda.GraphedSteps.compiles
+    monkeypatch.setattr(cuda.GraphedSteps, "compiles", lambda self, T: asked.append((T, compiles(self, T))) or
+                        compiles(self, T))
     target, mtp = tiny_files()
     run = lambda engine: greedy(engine, 6, PROMPT * 2, ctx=128, chunk=PREFILL_CHUNK)  # noqa: E731
     assert run(cuda.open_engine(target, mtp, numerics="float", compile=True)) == \
         run(Engine.open(target, mtp, numerics="float"))
+    assert (2 * len(PROMPT), True) in asked
 
 
 @gpu_only

@@ -25,7 +25,8 @@ Graphs: GraphedSteps captures `run` for each (T, last_only, indexer, bound) with
 up to 8 drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer; bound: the
 positions below which it reads compressed rows, Steps.bound, a power of two from MIN_BOUND on, so that a step's cost
 follows the context used rather than --ctx) and `commit` for each of those and n (one kernel:
-commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run eagerly.
+commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run without
+graphs.
 Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
@@ -35,10 +36,11 @@ and indexer flag (each bound is the same compiled code: the compressed caches' r
 compiled in the warm-up or on first use (about a minute per step length for the 43 Flash layers on the H200); eager
 steps ignore it. Inductor's combo kernels (INDUCTOR_OPTIONS) launch
 independent small kernels of a block as one, and on sm_90+ each kernel is launched with programmatic dependent
-launch (PDL) like the package's own kernels (plugins/kernels/pdl.py). With DS4_COMPILE_PREFILL=1 the prefill
-chunks run through the compiled blocks too (their kernels are custom ops like the steps'; each new chunk length
-compiles once): on an H100 at 28 layers a 2048-token chunk took 201-214 ms in 4 of 5 runs against 225-230 eager in
-3 of 4 (BENCHMARKS.md, the fifty-sixth session), not yet the default.
+launch (PDL) like the package's own kernels (plugins/kernels/pdl.py). With DS4_COMPILE_PREFILL=1 whole prefill chunks
+(PREFILL_CHUNK tokens: one more shape, compiled on the first prompt that fills a chunk) run through the compiled
+blocks too (their kernels are custom ops like the steps'), a prompt's last, shorter chunk eagerly. Not the default:
+on an H100 at 28 layers a compiled 2048-token chunk took 201-214 ms in 4 of 5 runs against 225-230 eager in 3 of 4
+(BENCHMARKS.md, the fifty-sixth and fifty-seventh sessions), but 404.8 against 351.0 ms in the fifty-ninth's.
 """
 
 from __future__ import annotations
@@ -705,6 +707,9 @@ class GraphedSteps(Steps):
     def __init__(self, model, cache, max_T: int = MAX_GRAPH_T):
         super().__init__(model, cache, MIN_BOUND)
         self.max_T = max_T
+        # the chunk length whose runs without graphs go through the compiled blocks (`compiles`): with
+        # DS4_COMPILE_PREFILL=1 only
+        self.compiled_chunk = PREFILL_CHUNK if os.environ.get("DS4_COMPILE_PREFILL") == "1" else None
         self.start = torch.zeros((), dtype=torch.int64, device=self.device)   # position of the step's token 0
         self.graphs: dict[tuple, _Captured] = {}
         self.commits: dict[tuple, tuple] = {}  # key -> (graph, its CommitPlan or None)
@@ -769,7 +774,7 @@ class GraphedSteps(Steps):
         T = len(tokens)
         if not graph or T > self.max_T:
             self.last = None
-            if os.environ.get("DS4_COMPILE_PREFILL") == "1":     # compiled blocks for long chunks too (docstring)
+            if self.compiles(T):
                 return super().run(tokens, h, last_only)
             with torch.compiler.set_stance("force_eager"):      # no compile for a shape seen once
                 return super().run(tokens, h, last_only)
@@ -783,6 +788,12 @@ class GraphedSteps(Steps):
         logits, hc, rows = g.out
         self.last = (key, rows)
         return logits.clone(), hc.clone(), rows
+
+    def compiles(self, T: int) -> bool:
+        """Whether an eager run of T tokens (a prefill chunk) goes through the compiled blocks (where the model has
+        them): a whole chunk of compiled_chunk tokens, one shape compiled once; a prompt's last, shorter chunk and the
+        drafter's catch-up of it run eagerly."""
+        return T == self.compiled_chunk
 
     def commit(self, rows, n: int) -> None:
         if n <= 0:
