@@ -483,9 +483,9 @@ def test_tiny_long_prefill_eager_kernels_match_cpu(numerics, query_block, monkey
 @pytest.mark.parametrize("query_block", [None, 20])
 def test_tiny_long_prefill_compiled_matches_cpu(query_block, monkeypatch):
     """DS4_COMPILE_PREFILL=1 with compile=True, the backend's whole chunks made 44 tokens long: the 44-token chunk
-    above runs through the compiled blocks (GraphedSteps.compiles says so), its kernels custom ops (with queries in blocks of 20,
-    Attention.attend_chunk's op writes three blocks' rows), and the tokens are the CPU's (numerics float, as
-    test_tiny_greedy_compiled_graphs_match_cpu)."""
+    above runs through the compiled blocks (GraphedSteps.compiles says so), its kernels custom ops (with queries in
+    blocks of 20, Attention.attend_chunk's op writes three blocks' rows), and the tokens are the CPU's (numerics
+    float, as test_tiny_greedy_compiled_graphs_match_cpu)."""
     from ds4trt.model import attention
 
     if query_block:
