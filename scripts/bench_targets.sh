@@ -6,8 +6,9 @@
 #   bash scripts/bench_targets.sh [TREE]      # TREE: a tree staged by scripts/bench_revs.sh (default: this checkout)
 #
 # Each command gets the time left of LIMIT seconds (default 570, one device call), so the call returns what ran; the
-# lines printed are bench_decode.py's results. Carried wheels (.whl, ../shared/tools/gpu_wheels.sh) are installed into
-# /tmp/site first where present.
+# lines printed are the card (with its power limit and SM clocks: the prefill is compute-bound, so a card held to
+# lower clocks shows there first) and bench_decode.py's results. Carried wheels (.whl, ../shared/tools/gpu_wheels.sh)
+# are installed into /tmp/site first where present.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 START=$(date +%s)
@@ -17,7 +18,7 @@ command -v nvidia-smi >/dev/null || { echo "bench_targets.sh: needs a CUDA GPU (
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 cd "${1:-.}" || exit 2
 export PYTHONPATH="/tmp/site:$PWD"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm,clocks.sm --format=csv
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 layers=43
 [ "$mem" -lt 100000 ] && layers=28
