@@ -494,8 +494,11 @@ def test_tiny_long_prefill_compiled_matches_cpu(query_block, monkeypatch):
     monkeypatch.setattr(cuda, "PREFILL_CHUNK", 2 * len(PROMPT))
     asked = []
     compiles = cuda.GraphedSteps.compiles
-    monkeypatch.setattr(cuda.GraphedSteps, "compiles", lambda self, T: asked.append((T, compiles(self, T))) or
-                        compiles(self, T))
+
+    def spy(self, T):                                   # GraphedSteps.compiles, each answer recorded
+        asked.append((T, compiles(self, T)))
+        return asked[-1][1]
+    monkeypatch.setattr(cuda.GraphedSteps, "compiles", spy)
     target, mtp = tiny_files()
     run = lambda engine: greedy(engine, 6, PROMPT * 2, ctx=128, chunk=PREFILL_CHUNK)  # noqa: E731
     assert run(cuda.open_engine(target, mtp, numerics="float", compile=True)) == \
