@@ -46,7 +46,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_kernels import copy_bandwidth, random_blocks  # noqa: E402
+from bench_kernels import copy_bandwidth, matmul_flops, random_blocks  # noqa: E402
 
 from ds4trt.gguf_io import names as N  # noqa: E402
 from ds4trt.gguf_io.dequant import tensor_nbytes, type_name  # noqa: E402
@@ -282,8 +282,9 @@ def main() -> int:
               f"{free / 2 ** 30:.1f} GiB free: " + (f"--layers {fits} fits" if fits else "not even one layer fits"),
               file=sys.stderr)
         return 2
-    bw = copy_bandwidth()
-    log(f"{torch.cuda.get_device_name(0)}; copy bandwidth {bw / 1e12:.3f} TB/s (2 GiB device copy, read + write)")
+    bw, flops = copy_bandwidth(), matmul_flops()
+    log(f"{torch.cuda.get_device_name(0)}; copy bandwidth {bw / 1e12:.3f} TB/s (2 GiB device copy, read + write); "
+        f"bfloat16 product {flops / 1e12:.0f} TFLOP/s (8192^3, cuBLAS: the machine's compute rate for the prefill)")
 
     w = SyntheticWeights(cfg)
     with torch.no_grad():
@@ -448,7 +449,7 @@ def main() -> int:
            if cfg.n_layer == ModelConfig.flash().n_layer else ""))
     info = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, layers=cfg.n_layer, compile=args.compile,
                 inductor={k: repr(v) for k, v in inductor.items()},
-                date=time.strftime("%Y-%m-%d", time.gmtime()), cache_tokens=ctx, copy_bandwidth=bw,
+                date=time.strftime("%Y-%m-%d", time.gmtime()), cache_tokens=ctx, copy_bandwidth=bw, matmul_flops=flops,
                 model_gib=weights_gib, gguf_gib=gguf_gib, peak_gib=peak,
                 types=dict(zip(("gate", "up", "down"), map(type_name, Q2_MIX))))
     if args.json:

@@ -235,6 +235,19 @@ def copy_bandwidth() -> float:
     return 2 * n / (ms * 1e-3)
 
 
+def matmul_flops(n: int = 8192) -> float:
+    """The card's bfloat16 tensor-core rate now, in FLOP/s: an n x n x n product (cuBLAS), median of ~300 ms of
+    repeats. Beside copy_bandwidth, a log's fingerprint of the machine for compute-bound figures (the prefill): two
+    H100 80GB HBM3 of the same session ran the same 28-layer prefill in 234.8 and 349.8 ms (BENCHMARKS.md, the
+    sixtieth session), so figures from different calls compare only where this rate agrees."""
+    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n ** 3 / (ms * 1e-3)
+
+
 def expert_bytes(types) -> int:
     return sum(rows * (cols // BLOCK[t][0]) * BLOCK[t][1] for t, (rows, cols) in zip(types, ((F, D), (F, D), (D, F))))
 

@@ -102,6 +102,27 @@ def test_bench_decode_checks_that_the_layers_fit(monkeypatch):
 
 
 @needs_triton
+def test_matmul_flops_times_a_real_product(monkeypatch):
+    """scripts/bench_kernels.py's compute-rate probe, without a GPU (on the CPU at a small size, the timer a stand-in
+    that runs the product it is given once and checks it): FLOP/s = 2 n^3 / the median time."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_kernels as BK
+
+    ran = []
+
+    def timer(fn, warmup, rep, return_mode):
+        c = fn()
+        assert c.shape == (64, 64) and c.dtype == torch.bfloat16 and c.float().abs().sum() > 0
+        ran.append(return_mode)
+        return 0.25                                                     # ms
+
+    monkeypatch.setattr(BK, "DEV", "cpu")
+    monkeypatch.setattr(BK, "do_bench", timer)
+    assert BK.matmul_flops(64) == 2 * 64 ** 3 / 0.25e-3
+    assert ran == ["median"]
+
+
+@needs_triton
 def test_resident_bytes_is_what_the_model_holds():
     """The memory estimate open_engine checks against the device equals the model's parameters and buffers
     (on the CPU: the same modules), up to the small derived buffers (Hadamard matrices)."""
