@@ -6,9 +6,10 @@
 #   bash scripts/bench_targets.sh [TREE]      # TREE: a tree staged by scripts/bench_revs.sh (default: this checkout)
 #
 # Each command gets the time left of LIMIT seconds (default 570, one device call), so the call returns what ran; the
-# lines printed are the card (with its power limit and SM clocks: the prefill is compute-bound, so a card held to
-# lower clocks shows there first) and bench_decode.py's results. Carried wheels (.whl, ../shared/tools/gpu_wheels.sh)
-# are installed into /tmp/site first where present.
+# lines printed are the card (its power limit and SM clocks) and bench_decode.py's results, whose first line of each
+# run gives the card's copy bandwidth and bfloat16 product rate: the prefill is compute-bound, and two H100s with the
+# same limit and clocks at rest prefilled 1.49x apart (BENCHMARKS.md, the sixtieth session), which only the product
+# rate shows. Carried wheels (.whl, ../shared/tools/gpu_wheels.sh) are installed into /tmp/site first where present.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 START=$(date +%s)

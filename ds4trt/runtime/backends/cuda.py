@@ -40,7 +40,8 @@ launch (PDL) like the package's own kernels (plugins/kernels/pdl.py). With DS4_C
 (PREFILL_CHUNK tokens: one more shape, compiled on the first prompt that fills a chunk) run through the compiled
 blocks too (their kernels are custom ops like the steps'), a prompt's last, shorter chunk eagerly. Not the default:
 on an H100 at 28 layers a compiled 2048-token chunk took 201-214 ms in 4 of 5 runs against 225-230 eager in 3 of 4
-(BENCHMARKS.md, the fifty-sixth and fifty-seventh sessions), but 404.8 against 351.0 ms in the fifty-ninth's.
+(BENCHMARKS.md, the fifty-sixth and fifty-seventh sessions), but no less than eager on the slower H100s of the
+fifty-ninth and sixtieth sessions (404.8 against 351.0 ms, 355.8 against 349.8), and never on an H200.
 """
 
 from __future__ import annotations
