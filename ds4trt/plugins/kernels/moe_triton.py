@@ -73,6 +73,7 @@ fields are read as fp16 / uint16 / bytes, never as 4-byte words.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,7 @@ SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: 
 # overriding SINGLE_CONFIG. q2 layer, IQ2_XXS gate/up tiles, H200 (same session): T = 2 16 x 1 70.2 us, 16 x 2
 # 70.5, 32 x 4 71.6; T = 3 16 x 1 94.4, 16 x 2 99.8, 32 x 4 106.6 (verify of 2 drafts 13.0 ms against 13.6); T = 4
 # 16 x 2 122.5, 16 x 1 132.3, 32 x 4 126.8; calls of 5..16 tokens keep 32 x 4 (not swept there).
+PAIR_STAGES = tl.constexpr(int(os.environ.get("DS4_IQ2_PAIR_STAGES", "3")))   # experiment: 0 the old loop
 SHORT_CONFIG = ((3, {IQ2_XXS: (16, 1, None, False)}), (4, {IQ2_XXS: (16, 2, None, False)}),
                 (CAP, {IQ2_XXS: (32, 4, None, False)}))
 MULTI_BR, MULTI_WARPS = 64, 8
@@ -686,21 +688,58 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
 
 
 @triton.jit
-def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr):
-    """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop, both blocks of a step
-    loaded before either is used: two independent loads in flight per step instead of one loop after the other
-    (the one-pair kernel's time at T = 1 is mostly the latency of its serial block loads)."""
-    g16 = (gate_ptr + gate_off).to(tl.pointer_type(tl.uint16))
-    u16 = (up_ptr + up_off).to(tl.pointer_type(tl.uint16))
+def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop. With NSB even, over pairs
+    of blocks (132 bytes: a pair starts 4-byte aligned), each pair's fields as 32-bit words (_iq2_pair_words), so that
+    Triton's pipeliner, with STAGES > 1, can request the fields of the pairs STAGES - 1 ahead by cp.async (which copies
+    4, 8 or 16 bytes, never the 2-byte fields of one block); else one block at a time (_iq2_fields)."""
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
     acc_g = tl.zeros([8, BR], tl.float32)
     acc_u = tl.zeros([8, BR], tl.float32)
-    for sb in range(0, NSB):
-        ga01, ga23, glo, ghi, gd = _iq2_fields(g16, rh, sb)
-        ua01, ua23, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
-        acc_g = _iq2_dp_block(acc_g, ga01, ga23, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
-        acc_u = _iq2_dp_block(acc_u, ua01, ua23, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
+    if NSB % 2 == 0 and STAGES > 0:
+        g32 = (gate_ptr + gate_off).to(tl.pointer_type(tl.int32))
+        u32 = (up_ptr + up_off).to(tl.pointer_type(tl.int32))
+        rw = (rh // 2)[None, :]                                        # each row's first pair, in words
+        g2 = 2 * tl.arange(0, 8)[:, None]
+        for pb in tl.range(0, NSB // 2, num_stages=STAGES):
+            gw = _iq2_pair_words(g32, rw + pb * 33, g2)
+            uw = _iq2_pair_words(u32, rw + pb * 33, g2)
+            acc_g = _iq2_pair_block(acc_g, gw, xq_ptr, 2 * pb, dp_ptr, NSB)
+            acc_u = _iq2_pair_block(acc_u, uw, xq_ptr, 2 * pb, dp_ptr, NSB)
+    else:
+        g16 = (gate_ptr + gate_off).to(tl.pointer_type(tl.uint16))
+        u16 = (up_ptr + up_off).to(tl.pointer_type(tl.uint16))
+        for sb in range(0, NSB):
+            ga01, ga23, glo, ghi, gd = _iq2_fields(g16, rh, sb)
+            ua01, ua23, ulo, uhi, ud = _iq2_fields(u16, rh, sb)
+            acc_g = _iq2_dp_block(acc_g, ga01, ga23, glo, ghi, gd, xq_ptr, sb, dp_ptr, NSB)
+            acc_u = _iq2_dp_block(acc_u, ua01, ua23, ulo, uhi, ud, xq_ptr, sb, dp_ptr, NSB)
     return tl.sum(acc_g, axis=0), tl.sum(acc_u, axis=0)
+
+
+@triton.jit
+def _iq2_pair_words(p32, b, g2):
+    """The raw words of a pair of IQ2_XXS blocks for the tile [group g, row]: b [1, BR] each row's pair in words,
+    g2 [8, 1] = 2g. Block 0: d at bytes 0, 1, group g's A at 2 + 8g, B at 6 + 8g (half-word aligned: words 2g, 2g + 1,
+    2g + 2 hold them); block 1: d at bytes 66, 67 (word 16's upper half), A at word 17 + 2g, B at 18 + 2g.
+    Returns int32 [8, BR] each: (w 2g, w 2g+1, w 2g+2, w 0, w 16, w 17+2g, w 18+2g)."""
+    return (tl.load(p32 + (b + g2)), tl.load(p32 + (b + g2 + 1)), tl.load(p32 + (b + g2 + 2)),
+            tl.load(p32 + (b + 0 * g2)), tl.load(p32 + (b + 0 * g2 + 16)), tl.load(p32 + (b + g2 + 17)),
+            tl.load(p32 + (b + g2 + 18)))
+
+
+@triton.jit
+def _iq2_pair_block(acc, w, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
+    """acc [8, BR] += blocks sb and sb + 1 of _iq2_pair_words' words w (as _iq2_dp_block, from half-words)."""
+    w0, w1, w2, wd0, wd1, a1, b1 = w
+    u16: tl.constexpr = tl.uint16                            # the low half-word of an int32 (conversion truncates)
+    a0 = ((w0 >> 16) & 0xFFFF) | (w1 << 16)                 # block 0's A and B: funnel shifts of the misaligned words
+    b0 = ((w1 >> 16) & 0xFFFF) | (w2 << 16)
+    acc = _iq2_dp_block(acc, a0.to(u16), (a0 >> 16).to(u16), b0.to(u16), (b0 >> 16).to(u16), wd0.to(u16), xq_ptr, sb,
+                        dp_ptr, NSB)
+    return _iq2_dp_block(acc, a1.to(u16), (a1 >> 16).to(u16), b1.to(u16), (b1 >> 16).to(u16), (wd1 >> 16).to(u16),
+                         xq_ptr, sb + 1, dp_ptr, NSB)
 
 
 @triton.jit
@@ -871,7 +910,7 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
         row0 = tl.program_id(1) * BR
         if GT == 16 and UT == 16:
             g, u = _iq2_dp_pair(gate_ptr, e * gate_expert_bytes, up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr,
-                                NSB, BR)
+                                NSB, BR, PAIR_STAGES)
         else:
             if GT == 16:
                 g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
