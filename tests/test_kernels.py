@@ -180,15 +180,18 @@ def test_moe_per_slot_outputs_sum_to_the_output(T):
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
-    """Both forms of the one-pair inner loop (the default picks one per type; the benchmark times both). An IQ2_XXS
-    gate and up run together in one loop that has one form; iq2_q2k_q2k runs the IQ2_XXS loop alone in both."""
+    """Both forms of the one-pair inner loop (the default picks one per type and row count; the benchmark times
+    both). An IQ2_XXS gate and up run together in one loop whose prefetch form reads pairs of blocks as words: with
+    an odd block count per row (D = 768: rows of 3 blocks, misaligned pairs) it keeps the half-word loop, also
+    checked here; iq2_q2k_q2k runs the IQ2_XXS loop alone in both."""
     types = MIXES[mix]
-    v, ids, w, blocks = _small_case(types, seed=_seed(mix, prefetch), T=1)
-    dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
-    cfg = {t: (16, 4, None, prefetch) for t in set(types)}
-    got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)
-    deq = _deq_experts(blocks, types, np.unique(ids))
-    assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL
+    for D in (512, 768) if types[:2] == (IQ2_XXS, IQ2_XXS) else (512,):
+        v, ids, w, blocks = random_moe_inputs(types, 1, _seed(mix, prefetch, D), 8, 256, D, 3)
+        dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
+        cfg = {t: (16, 4, None, prefetch) for t in set(types)}
+        got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)
+        deq = _deq_experts(blocks, types, np.unique(ids))
+        assert _rel(got, _moe_ref64(*dev[:3], deq, CLAMP)) <= TOL, f"D = {D}"
 
 
 def test_moe_iq2_activation_runs_of_zeros_and_of_extreme_scales():

@@ -73,7 +73,6 @@ fields are read as fp16 / uint16 / bytes, never as 4-byte words.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,7 +94,8 @@ QK = 256
 ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_rows)
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
 # Launch settings of the one-pair (decode) kernels, by block type: (rows per program, warps, register cap or None,
-# prefetch of the next block). Chosen from the compiled code for sm_90 (registers, spills, instructions per
+# prefetch: the next block's fields loaded a step ahead; for an IQ2_XXS gate and up, which run in one loop
+# (_iq2_dp_pair), its form over pairs of blocks as 32-bit words instead). Chosen from the compiled code for sm_90 (registers, spills, instructions per
 # value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
 # Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
@@ -117,9 +117,11 @@ SINGLE_CONFIG = {Q2_K: (32, 4, None, True), Q4_K: (32, 4, None, True), IQ2_XXS: 
 # overriding SINGLE_CONFIG. q2 layer, IQ2_XXS gate/up tiles, H200 (same session): T = 2 16 x 1 70.2 us, 16 x 2
 # 70.5, 32 x 4 71.6; T = 3 16 x 1 94.4, 16 x 2 99.8, 32 x 4 106.6 (verify of 2 drafts 13.0 ms against 13.6); T = 4
 # 16 x 2 122.5, 16 x 1 132.3, 32 x 4 126.8; calls of 5..16 tokens keep 32 x 4 (not swept there).
-PAIR_STAGES = tl.constexpr(int(os.environ.get("DS4_IQ2_PAIR_STAGES", "3")))   # experiment: 0 the old loop
-SHORT_CONFIG = ((3, {IQ2_XXS: (16, 1, None, False)}), (4, {IQ2_XXS: (16, 2, None, False)}),
-                (CAP, {IQ2_XXS: (32, 4, None, False)}))
+# The pair loop over word pairs (prefetch True), H100, the sixty-second session (BENCHMARKS.md): T = 1 41.5 us against
+# 41.3-41.4 (not taken), T = 2 68.3 against 71.1-71.4, T = 3 105.7 (16 x 1; 99.1 at 16 x 2, its best) against 96.2-96.8
+# (kept), T = 4 122.8 against 127.6-128.4, T = 8 238.1 against 256.6-258.0, T = 16 446.2 against 485.6-488.5.
+SHORT_CONFIG = ((2, {IQ2_XXS: (16, 1, None, True)}), (3, {IQ2_XXS: (16, 1, None, False)}),
+                (4, {IQ2_XXS: (16, 2, None, True)}), (CAP, {IQ2_XXS: (32, 4, None, True)}))
 MULTI_BR, MULTI_WARPS = 64, 8
 SPLIT_CHUNKS = 8            # 256-value chunks per program of split_runs
 # A Q8_0 shared expert's down product inside the one-pair down launch of a decode call (moe_forward's `shared`, T = 1):
@@ -689,20 +691,24 @@ def _iq2_dp_rows(ptr, expert_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: t
 
 @triton.jit
 def _iq2_dp_pair(gate_ptr, gate_off, up_ptr, up_off, row0, xq_ptr, dp_ptr, NSB: tl.constexpr, BR: tl.constexpr,
-                 STAGES: tl.constexpr):
-    """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop. With NSB even, over pairs
-    of blocks (132 bytes: a pair starts 4-byte aligned), each pair's fields as 32-bit words (_iq2_pair_words), so that
-    Triton's pipeliner, with STAGES > 1, can request the fields of the pairs STAGES - 1 ahead by cp.async (which copies
-    4, 8 or 16 bytes, never the 2-byte fields of one block); else one block at a time (_iq2_fields)."""
+                 WORDS: tl.constexpr):
+    """(gate [BR], up [BR]) float32: _iq2_dp_rows of the gate and the up expert in one loop, both blocks of a step
+    loaded before either is used: two independent loads in flight per step instead of one loop after the other
+    (the one-pair kernel's time at T = 1 is mostly the latency of its serial block loads). WORDS (and NSB even): a
+    step is a pair of blocks of each (132 bytes, 4-byte aligned), their fields loaded as 7 words per lane
+    (_iq2_pair_words) instead of 5 half-words a block: the fields of two blocks in flight at once. (Triton's
+    pipeliner can then request the pairs ahead by cp.async, which copies 4, 8 or 16 bytes, never a lone half-word:
+    with num_stages 2 / 3 it was 3x slower, 123 / 145 us at T = 1 against 41.5, its dependent selector-table reads
+    copied into shared memory too; BENCHMARKS.md, the sixty-second session.)"""
     rh = (row0 + tl.arange(0, BR)) * (NSB * 33)
     acc_g = tl.zeros([8, BR], tl.float32)
     acc_u = tl.zeros([8, BR], tl.float32)
-    if NSB % 2 == 0 and STAGES > 0:
+    if WORDS and NSB % 2 == 0:
         g32 = (gate_ptr + gate_off).to(tl.pointer_type(tl.int32))
         u32 = (up_ptr + up_off).to(tl.pointer_type(tl.int32))
         rw = (rh // 2)[None, :]                                        # each row's first pair, in words
         g2 = 2 * tl.arange(0, 8)[:, None]
-        for pb in tl.range(0, NSB // 2, num_stages=STAGES):
+        for pb in range(0, NSB // 2):
             gw = _iq2_pair_words(g32, rw + pb * 33, g2)
             uw = _iq2_pair_words(u32, rw + pb * 33, g2)
             acc_g = _iq2_pair_block(acc_g, gw, xq_ptr, 2 * pb, dp_ptr, NSB)
@@ -910,7 +916,7 @@ def _moe_gateup_single(v_ptr, ids_ptr, wts_ptr, order_ptr, cnt_ptr, starts_ptr, 
         row0 = tl.program_id(1) * BR
         if GT == 16 and UT == 16:
             g, u = _iq2_dp_pair(gate_ptr, e * gate_expert_bytes, up_ptr, e * up_expert_bytes, row0, xq_row, dp_ptr,
-                                NSB, BR, PAIR_STAGES)
+                                NSB, BR, GPF)
         else:
             if GT == 16:
                 g = _iq2_dp_rows(gate_ptr, e * gate_expert_bytes, row0, xq_row, dp_ptr, NSB, BR, GPF)
