@@ -186,7 +186,7 @@ def test_moe_one_pair_kernel_with_and_without_prefetch(mix, prefetch):
     checked here; iq2_q2k_q2k runs the IQ2_XXS loop alone in both."""
     types = MIXES[mix]
     for D in (512, 768) if types[:2] == (IQ2_XXS, IQ2_XXS) else (512,):
-        v, ids, w, blocks = random_moe_inputs(types, 1, _seed(mix, prefetch, D), 8, 256, D, 3)
+        v, ids, w, blocks = _small_case(types, seed=_seed(mix, prefetch, D), T=1, D=D)
         dev = [torch.from_numpy(a).to(DEVICE) for a in (v, ids, w, *blocks)]
         cfg = {t: (16, 4, None, prefetch) for t in set(types)}
         got = _run_moe(*dev[:3], dev[3:], types, single_config=cfg)

@@ -95,8 +95,9 @@ ONE_BITS = 0x3F800000      # the bits of 1.0f (passed as an argument: see _fma_r
 CAP = 16                    # most pairs one item (one program) handles; the tensor-core tile width
 # Launch settings of the one-pair (decode) kernels, by block type: (rows per program, warps, register cap or None,
 # prefetch: the next block's fields loaded a step ahead; for an IQ2_XXS gate and up, which run in one loop
-# (_iq2_dp_pair), its form over pairs of blocks as 32-bit words instead). Chosen from the compiled code for sm_90 (registers, spills, instructions per
-# value, weight bytes in flight per SM: the loops are latency-bound when too few bytes are in flight);
+# (_iq2_dp_pair), its form over pairs of blocks as 32-bit words instead). Chosen from the compiled code for sm_90
+# (registers, spills, instructions per value, weight bytes in flight per SM: the loops are latency-bound when too few
+# bytes are in flight);
 # scripts/bench_kernels.py times alternatives. Gate/up use the gate type's row tile and warps.
 # Since the tiles put the rows last (_iq2_dot): 32 rows x 4 warps with prefetch for Q2_K and Q4_K (H200, BENCHMARKS.md:
 # q2 layer 79.3 us at T = 1, every swept alternative within 1 us or slower; q4 64.8 us). IQ2_XXS gate/up on integer
@@ -740,7 +741,9 @@ def _iq2_pair_block(acc, w, xq_ptr, sb, dp_ptr, NSB: tl.constexpr):
     """acc [8, BR] += blocks sb and sb + 1 of _iq2_pair_words' words w (as _iq2_dp_block, from half-words)."""
     w0, w1, w2, wd0, wd1, a1, b1 = w
     u16: tl.constexpr = tl.uint16                            # the low half-word of an int32 (conversion truncates)
-    a0 = ((w0 >> 16) & 0xFFFF) | (w1 << 16)                 # block 0's A and B: funnel shifts of the misaligned words
+    # block 0's A and B by funnel shifts of the misaligned words (taking the four halves straight from w0..w2 gives
+    # the same values but costs registers on sm_90: 128 against 72 at 16 x 2, 202 against 118 at 16 x 1)
+    a0 = ((w0 >> 16) & 0xFFFF) | (w1 << 16)
     b0 = ((w1 >> 16) & 0xFFFF) | (w2 << 16)
     acc = _iq2_dp_block(acc, a0.to(u16), (a0 >> 16).to(u16), b0.to(u16), (b0 >> 16).to(u16), wd0.to(u16), xq_ptr, sb,
                         dp_ptr, NSB)
