@@ -23,9 +23,10 @@ Measured (median of --repeats, CUDA events around run + commit, so host work bet
            read by the host, as ds4-run runs them; synthetic MTP weights with Q4_K experts, random target states),
            and the cycle's cost (N drafts + verify of N + 1) in decode steps: the tokens a cycle must keep on
            average to beat plain decoding
-  prefill  the --prefill prompt in chunks (--chunk, one or several sizes; chunks longer than 16 tokens run without
-           graphs, with --compile and DS4_COMPILE_PREFILL=1 those of the backend's PREFILL_CHUNK tokens through the
-           compiled blocks), with the peak device memory of each
+  prefill  the --prefill prompt in chunks (--chunk, one or several sizes; as Session.prefill runs them: chunks of
+           the backend's PREFILL_CHUNK tokens replay a graph of the whole chunk, captured in the untimed first pass,
+           unless DS4_GRAPH_PREFILL=0; other chunks longer than 16 tokens run eagerly; with --compile and
+           DS4_COMPILE_PREFILL=1 whole chunks through the compiled blocks), with the peak device memory of each
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
 one embedding row per token; the visible cache rows; no indexer query weights or rows for steps that need no
 indexer, attention.indexer_needed: a decode below position 2048), the floor = bytes / measured copy bandwidth, and the
@@ -320,9 +321,7 @@ def main() -> int:
     def prefill(prompt: list[int], chunk: int) -> None:
         """Commit `prompt` in chunks, as Session.prefill does (last-row logits only)."""
         for i in range(0, len(prompt), chunk):
-            part = prompt[i:i + chunk]
-            _, _, rows = steps.run(part, last_only=True)
-            steps.commit(rows, len(part))
+            steps.prefill(prompt[i:i + chunk])
 
     def step(T: int, n: int = 1):
         def fn():
@@ -417,6 +416,7 @@ def main() -> int:
                             tl.write(f"{e.time_range.start - t0:.1f}\t{e.time_range.elapsed_us():.1f}\t{e.name}\n")
             cache.reset()
             part = prompt[:args.chunk[-1]]
+            steps.graphed_chunk = None          # the chunk eagerly: each kernel with the PyTorch op that launched it
             stacks = torch._C._profiler._ExperimentalConfig(verbose=True)      # (without it no stacks are kept)
             with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True,
                          experimental_config=stacks) as prof:

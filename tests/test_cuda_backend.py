@@ -528,6 +528,43 @@ def test_tiny_long_prefill_compiled_matches_cpu(query_block, monkeypatch):
 
 
 @gpu_only
+@pytest.mark.parametrize("min_bound", [None, 16])
+def test_tiny_graphed_prefill_chunks_equal_eager(min_bound, monkeypatch):
+    """GraphedSteps.prefill with whole chunks made 20 tokens long (more than 16: the long calls' kernels): a
+    110-token prompt in five whole chunks, each captured where its (indexer, bound) is new and replayed at the later
+    positions of the same key, and a rest of 10 tokens eagerly, leaves bit for bit the logits and caches of the same
+    prompt prefilled eagerly (DS4_GRAPH_PREFILL=0), and the tokens decoded after it are the CPU reference's. With
+    cuda.MIN_BOUND 16 the chunks' bounds are 32, 64, 64, 128, 128."""
+    if min_bound is not None:
+        monkeypatch.setattr(cuda, "MIN_BOUND", min_bound)
+    monkeypatch.setattr(cuda, "PREFILL_CHUNK", 20)
+    target, mtp = tiny_files()
+    prompt = torch.randint(0, 200, (110,), generator=torch.Generator().manual_seed(4)).tolist()
+    sessions = {}
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("DS4_GRAPH_PREFILL", graphs)
+        s = sessions[graphs] = cuda.open_engine(target, mtp, numerics="ds4").session(128)
+        s.prefill(prompt)
+    graphed, eager = sessions["1"], sessions["0"]
+    keys = set(graphed.target.chunks)
+    assert not eager.target.chunks and 1 < len(keys) < 5, keys
+    assert {key[2] for key in keys} == ({128} if min_bound is None else {32, 64, 128})
+    assert torch.equal(graphed.logits, eager.logits)
+    want = eager.cache.tensors()
+    assert all(torch.equal(t, want[name]) for name, t in graphed.cache.tensors().items())
+    ref = Engine.open(target, mtp, numerics="ds4").session(128)
+    ref.prefill(prompt)
+
+    def decoded(s) -> list[int]:
+        out = [s.argmax()]
+        while len(out) < 8:
+            s.eval(out[-1])
+            out.append(s.argmax())
+        return out
+    assert decoded(graphed) == decoded(ref)
+
+
+@gpu_only
 @pytest.mark.parametrize("mode", [["--glm-mtp", "--mtp-draft", "3", "--mtp-margin", "0"],
                                   ["--temp", "0.8", "--top-k", "40", "--seed", "3"]], ids=["mtp", "sampled"])
 def test_cli_device_cuda_prints_the_cpu_text(mode, capsys):

@@ -175,8 +175,8 @@ def test_prefill_runs_in_the_engines_chunks(tiny_gguf):
     engine.prefill_chunk = 5
     s = engine.session(32)
     seen = []
-    step = s.target_step
-    s.target_step = lambda tokens, *a, **k: seen.append(len(tokens)) or step(tokens, *a, **k)
+    chunk = s.target.prefill
+    s.target.prefill = lambda tokens, *a, **k: seen.append(len(tokens)) or chunk(tokens, *a, **k)
     got = s.prefill(prompt).clone()
     assert seen == [5, 5, 2]
     ref = engine.session(32).prefill(prompt, chunk=12)

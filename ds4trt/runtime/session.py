@@ -82,8 +82,8 @@ class Session:
 
     # ---- the target model: propose, then commit ----
     def target_step(self, tokens: list[int], all_logits: bool = True, graph: bool = True):
-        """Run the target on `tokens` after the committed ones. Nothing is written. graph=False: a prefill
-        chunk (a CUDA-graph backend runs it eagerly rather than capture a shape seen once).
+        """Run the target on `tokens` after the committed ones. Nothing is written. graph=False: a shape seen
+        once (a CUDA-graph backend runs it eagerly rather than capture it).
         returns logits [T, V] (or [1, V] for the last row only), final HC [T, S, D], proposed rows"""
         if self.pos + len(tokens) > self.ctx:
             raise Ds4Error(f"context full: {self.pos} + {len(tokens)} tokens exceed --ctx {self.ctx}")
@@ -93,10 +93,14 @@ class Session:
     def commit(self, tokens: list[int], hc: torch.Tensor, rows, logits_row: torch.Tensor, n: int) -> None:
         """Keep the first n of `tokens` (their rows are `rows`); `logits_row` [V] follows token n-1."""
         self.target.commit(rows, n)
-        self.tokens.extend(tokens[:n])
+        self._committed(tokens[:n], hc[:n], logits_row)
+
+    def _committed(self, tokens: list[int], hc: torch.Tensor, logits_row: torch.Tensor) -> None:
+        """Record tokens whose rows the caches now hold (hc [n, S, D] theirs, logits_row [V] after the last)."""
+        self.tokens.extend(tokens)
         self.logits = logits_row
         if self.drafter is not None:
-            self.drafter.observe(hc[:n])
+            self.drafter.observe(hc)
 
     # ---- public API ----
     def prefill(self, tokens: list[int], chunk: int | None = None) -> torch.Tensor:
@@ -108,9 +112,9 @@ class Session:
                            + (f" after {self.pos} tokens" if self.pos else ""))
         for i in range(0, len(tokens), chunk):
             part = tokens[i:i + chunk]
-            with PHASES.phase("prefill"):
-                logits, hc, rows = self.target_step(part, all_logits=False, graph=False)
-                self.commit(part, hc, rows, logits[-1], len(part))
+            with PHASES.phase("prefill"), torch.no_grad():
+                logits, hc = self.target.prefill(part)           # run and commit (one graph for a whole chunk)
+                self._committed(part, hc, logits[-1])
                 if self.drafter is not None:      # feed the drafter every pair whose next token is known
                     self.drafter.catch_up(self.tokens, graph=False)
         return self.logits

@@ -5,6 +5,8 @@
     (run(..., graph=False): a one-off shape such as a prefill chunk; a graph backend runs it eagerly)
     steps.prepare(T, last_only, h, first, end)                       # a graph backend captures that shape now
     steps.commit(rows, n)                                            # write the first n rows, advance the cache
+    logits, hc = steps.prefill(tokens, h=None)                       # a prefill chunk: run (last row's logits) and
+                                                                     # commit of every row in one call
 
 With min_bound (the CUDA backend's), a step reads the compressed caches cut to the rows of positions below its
 bound (the end of the step rounded up to a power of two, at least min_bound: `bound`, `layers`), so that its cost
@@ -93,3 +95,10 @@ class Steps:
 
     def commit(self, rows, n: int) -> None:
         self.cache.commit(rows, n)
+
+    def prefill(self, tokens: list[int], h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prefill chunk: run(tokens, h, last_only=True, graph=False), then commit of all its rows -> logits [1, V]
+        after its last token, hc [T, S, D] (a graph backend may replay the whole of it from one graph)."""
+        logits, hc, rows = self.run(tokens, h, last_only=True, graph=False)
+        self.commit(rows, len(tokens))
+        return logits, hc

@@ -25,8 +25,11 @@ Graphs: GraphedSteps captures `run` for each (T, last_only, indexer, bound) with
 up to 8 drafts, draft, catch-up; indexer: whether the step's position needs the indexer, Steps.indexer; bound: the
 positions below which it reads compressed rows, Steps.bound, a power of two from MIN_BOUND on, so that a step's cost
 follows the context used rather than --ctx) and `commit` for each of those and n (one kernel:
-commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run does it); prefill chunks run without
-graphs.
+commit_triton.CommitPlan), on first use or beforehand (Session.warm_up: ds4-run does it). A whole prefill chunk
+(PREFILL_CHUNK tokens: Steps.prefill, run and commit of every row) replays one graph per (indexer, bound), captured
+after the first such chunk ran eagerly; those graphs share one memory pool and keep no rows, so together they hold
+about one chunk's temporaries. Other chunks (a prompt's last, shorter one) run eagerly, as every chunk does with
+DS4_GRAPH_PREFILL=0. Eager chunks cost the host more time than the GPU on some machines (BENCHMARKS.md).
 Every graph reads the session's own cache buffers, so a session's CacheState is never reallocated (reset() is in place).
 
 compile=True: torch.compile (Inductor) fuses the glue between the kernels inside each block (HC mixing and its
@@ -711,6 +714,12 @@ class GraphedSteps(Steps):
         # the chunk length whose runs without graphs go through the compiled blocks (`compiles`): with
         # DS4_COMPILE_PREFILL=1 only
         self.compiled_chunk = PREFILL_CHUNK if os.environ.get("DS4_COMPILE_PREFILL") == "1" else None
+        # the chunk length whose prefill (run and commit of every row) replays a graph per (indexer, bound), captured
+        # after the first such chunk ran eagerly; DS4_GRAPH_PREFILL=0: none, every chunk runs eagerly
+        self.graphed_chunk = PREFILL_CHUNK if os.environ.get("DS4_GRAPH_PREFILL", "1") == "1" else None
+        self.chunks: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.chunk_pool = None                  # the chunk graphs' one memory pool (their rows are not kept)
+        self.chunk_io: _Captured | None = None  # tokens, h and (logits, hc): buffers every chunk graph shares
         self.start = torch.zeros((), dtype=torch.int64, device=self.device)   # position of the step's token 0
         self.graphs: dict[tuple, _Captured] = {}
         self.commits: dict[tuple, tuple] = {}  # key -> (graph, its CommitPlan or None)
@@ -789,6 +798,48 @@ class GraphedSteps(Steps):
         logits, hc, rows = g.out
         self.last = (key, rows)
         return logits.clone(), hc.clone(), rows
+
+    def prefill(self, tokens: list[int], h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps.prefill; a chunk of graphed_chunk tokens replays its (indexer, bound)'s graph of the whole run and
+        commit, captured when such a chunk first ran (eagerly). The chunk graphs share one memory pool and keep no
+        output but the shared buffers of chunk_io, so together they hold about one eager chunk's temporaries."""
+        T = len(tokens)
+        if T != self.graphed_chunk:
+            return super().prefill(tokens, h)
+        key = (T, self.indexer(T), self.bound(T))
+        if key not in self.chunks:
+            logits, hc = super().prefill(tokens, h)     # compiles what it runs; the capture after it runs nothing
+            if self.chunk_io is None:
+                self.chunk_pool = torch.cuda.graph_pool_handle()
+                self.chunk_io = _Captured(None, torch.zeros(T, dtype=torch.int64, device=self.device),
+                                          None if h is None else torch.empty_like(h),
+                                          (torch.empty_like(logits), torch.empty_like(hc)))
+            self._capture_chunk(key)
+            return logits, hc
+        self.last = None
+        io = self.chunk_io
+        self.start.fill_(self.cache.pos)
+        io.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
+        if h is not None:
+            io.h.copy_(h)
+        self.cache.advance(T)
+        self.chunks[key].replay()
+        return io.out[0].clone(), io.out[1].clone()
+
+    def _capture_chunk(self, key: tuple) -> None:
+        """Capture (not run) the prefill graph of key (T, indexer, bound): the step of chunk_io's tokens (and h) at
+        position self.start, its last row's logits and its hc copied to chunk_io.out, all of its rows written to the
+        cache."""
+        T, indexer, bound = key
+        io = self.chunk_io
+        graph = torch.cuda.CUDAGraph()
+        with torch.compiler.set_stance("default" if self.compiles(T) else "force_eager"), \
+                torch.cuda.graph(graph, pool=self.chunk_pool):
+            logits, hc, rows = self._call(io, True, indexer, bound)
+            io.out[0].copy_(logits)
+            io.out[1].copy_(hc)
+            self.cache.write(rows, T, self.start)
+        self.chunks[key] = graph
 
     def compiles(self, T: int) -> bool:
         """Whether an eager run of T tokens (a prefill chunk) goes through the compiled blocks (where the model has
