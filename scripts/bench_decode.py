@@ -26,7 +26,8 @@ Measured (median of --repeats, CUDA events around run + commit, so host work bet
   prefill  the --prefill prompt in chunks (--chunk, one or several sizes; as Session.prefill runs them: chunks of
            the backend's PREFILL_CHUNK tokens replay a graph of the whole chunk, captured in the untimed first pass,
            unless DS4_GRAPH_PREFILL=0; other chunks longer than 16 tokens run eagerly; with --compile and
-           DS4_COMPILE_PREFILL=1 whole chunks through the compiled blocks), with the peak device memory of each
+           DS4_COMPILE_PREFILL=1 whole chunks through the compiled blocks), with the peak device memory of each and
+           host_ms, the host's time to queue the prompt's work (near the whole time: the host, not the GPU, bounds it)
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
 one embedding row per token; the visible cache rows; no indexer query weights or rows for steps that need no
 indexer, attention.indexer_needed: a decode below position 2048), the floor = bytes / measured copy bandwidth, and the
@@ -354,13 +355,15 @@ def main() -> int:
             cache.reset()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            t0 = time.perf_counter()
             prefill(prompt, chunk)
+            host_ms = (time.perf_counter() - t0) * 1e3                # the host's time to queue it all
             b.record()
             b.synchronize()
             ms = a.elapsed_time(b)
             nbytes = sum(step_bytes(w, cfg, min(chunk, args.prefill - i), i) for i in range(0, args.prefill, chunk))
             record(f"prefill (chunk {chunk})", args.prefill, ms, nbytes, tokens_per_s=args.prefill / ms * 1e3,
-                   peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
+                   host_ms=host_ms, peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
 
         for T in (1, *args.verify):
             t0 = time.time()
