@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 5's targets in one GPU call, at Flash width: decode and verify of 2 and 3 rows (`--compile`, CUDA graphs), a
-# 2048-token prompt prefilled in one chunk eagerly and with DS4_COMPILE_PREFILL=1 (whole chunks through the compiled
-# blocks), with the device memory of each; over 43 layers, or 28 on a card under 100 GiB (43 do not fit there).
+# 2048-token prompt prefilled in one chunk as sessions do (the chunk's CUDA graph), eagerly (DS4_GRAPH_PREFILL=0: the
+# host's pace shows in host_ms) and with DS4_COMPILE_PREFILL=1 (whole chunks through the compiled blocks), with the
+# device memory of each; over 43 layers, or 28 on a card under 100 GiB (43 do not fit there).
 #
 #   bash scripts/bench_targets.sh [TREE]      # TREE: a tree staged by scripts/bench_revs.sh (default: this checkout)
 #
@@ -33,6 +34,8 @@ run() {
 run python3 scripts/bench_decode.py --layers $layers --prefill 256 --chunk 256 --repeats 100 --compile --ctx 4096 \
     --verify 2,3
 run python3 scripts/bench_decode.py --layers $layers --prefill 2048 --chunk 2048 --repeats 5 --verify ''
+run env DS4_GRAPH_PREFILL=0 python3 scripts/bench_decode.py --layers $layers --prefill 2048 --chunk 2048 --repeats 5 \
+    --verify ''
 run env DS4_COMPILE_PREFILL=1 python3 scripts/bench_decode.py --layers $layers --prefill 2048 --chunk 2048 \
     --repeats 5 --verify '' --compile
 echo "total $(($(date +%s) - START)) s"
