@@ -27,7 +27,8 @@ Measured (median of --repeats, CUDA events around run + commit, so host work bet
            the backend's PREFILL_CHUNK tokens replay a graph of the whole chunk, captured in the untimed first pass,
            unless DS4_GRAPH_PREFILL=0; other chunks longer than 16 tokens run eagerly; with --compile and
            DS4_COMPILE_PREFILL=1 whole chunks through the compiled blocks), with the peak device memory of each and
-           host_ms, the host's time to queue the prompt's work (near the whole time: the host, not the GPU, bounds it)
+           host_ms, the host's time to queue the prompt's work (near the whole time, the host either set the pace or
+           waited on a full launch queue: the kernels' GPU time, --kernels, or a graphed run tells which)
 For each: the bytes that must be read in GGUF formats (weights; experts: the T*k distinct ones of random routing;
 one embedding row per token; the visible cache rows; no indexer query weights or rows for steps that need no
 indexer, attention.indexer_needed: a decode below position 2048), the floor = bytes / measured copy bandwidth, and the
