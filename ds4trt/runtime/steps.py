@@ -2,11 +2,12 @@
 
     steps = Steps(model, cache)
     logits, hc, rows = steps.run(tokens, h=None, last_only=False)   # propose: reads the cache, writes nothing
-    (run(..., graph=False): a one-off shape such as a prefill chunk; a graph backend runs it eagerly)
+    (run(..., graph=False): a shape seen once, such as the drafter's catch-up; a graph backend runs it eagerly)
     steps.prepare(T, last_only, h, first, end)                       # a graph backend captures that shape now
     steps.commit(rows, n)                                            # write the first n rows, advance the cache
     logits, hc = steps.prefill(tokens, h=None)                       # a prefill chunk: run (last row's logits) and
-                                                                     # commit of every row in one call
+                                                                     # commit of every row in one call (a graph
+                                                                     # backend replays whole chunks from a graph)
 
 With min_bound (the CUDA backend's), a step reads the compressed caches cut to the rows of positions below its
 bound (the end of the step rounded up to a power of two, at least min_bound: `bound`, `layers`), so that its cost
